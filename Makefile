@@ -1,0 +1,171 @@
+# shunt: one entry point for deps, build, tests, benchmarks, demo and install.
+# Sources are found by wildcard, so a new file in a part needs no edit here.
+# Parts that need their own rules (guest kernel, fabric, bench scenarios)
+# live in mk/*.mk fragments; `deps::` and `test-extra::` are double-colon so
+# each fragment can add to them.
+
+PREFIX   ?= /usr/local
+BUILD    ?= build
+CXX      ?= g++
+CC       ?= gcc
+SAN      ?=
+OPT      ?= -O2
+JOBS     ?= $(shell nproc)
+
+# Debian packages the build, tests and benchmarks need; fragments add more.
+DEB_PACKAGES := build-essential g++ make pkg-config python3 binutils \
+  libibverbs-dev rdma-core ibverbs-utils ibverbs-providers \
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libboost-dev \
+  libgtest-dev libbenchmark-dev libsodium-dev mandoc
+
+WARN     := -Wall -Wextra -Werror -Wno-missing-field-initializers
+DEFS     := -D_GNU_SOURCE -DSPDLOG_HEADER_ONLY -DSPDLOG_FMT_EXTERNAL -DFMT_HEADER_ONLY \
+            -DSHUNT_VERSION=\"$(shell cat VERSION)\"
+CXXFLAGS_BASE := -std=c++20 $(OPT) -g -fPIC -fvisibility=hidden -fvisibility-inlines-hidden \
+            $(WARN) $(DEFS) -I. $(SAN)
+CFLAGS_BASE   := -std=gnu11 $(OPT) -g $(WARN) -D_GNU_SOURCE $(SAN)
+
+# Library: every .cc under the library's parts. exports.cc files define the
+# interposed entry points and go only into the .so; everything else also goes
+# into a static archive that the unit tests and tools link.
+LIB_DIRS    := interpose/core interpose/verbs interpose/socket interpose/peer clocksync telemetry
+LIB_SRCS    := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cc))
+CORE_SRCS   := $(filter-out %/exports.cc,$(LIB_SRCS))
+LIB_OBJS    := $(patsubst %.cc,$(BUILD)/obj/%.o,$(LIB_SRCS))
+CORE_OBJS   := $(patsubst %.cc,$(BUILD)/obj/%.o,$(CORE_SRCS))
+LIB_LIBS    := -libverbs -ldl -lpthread
+
+SHUNT_SO    := $(BUILD)/lib/libshunt.so
+CORE_A      := $(BUILD)/lib/libshunt_core.a
+VERSION_MAP := $(BUILD)/shunt.map
+
+# Tools: each tools/<name>/ with .cc files becomes build/bin/<name>; a
+# tools/<name> that is a plain file (a script) is copied there.
+TOOL_DIRS   := $(patsubst tools/%/,%,$(dir $(wildcard tools/*/*.cc)))
+TOOL_BINS   := $(addprefix $(BUILD)/bin/,$(sort $(TOOL_DIRS)))
+TOOL_SCRIPTS:= $(addprefix $(BUILD)/bin/,$(notdir $(filter-out $(wildcard tools/*/),$(wildcard tools/*))))
+TOOL_LIBS_shuntctl :=
+
+# Examples: each examples/*.c is a program; examples/*_lib.c a shared object.
+EX_SRCS     := $(filter-out %_lib.c,$(wildcard examples/*.c))
+EX_BINS     := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRCS))
+EX_LIBS     := $(patsubst examples/%.c,$(BUILD)/examples/%.so,$(wildcard examples/*_lib.c))
+
+# Test helper programs: test/e2e/*.c (built next to the scripts' build dir).
+TPROG_SRCS  := $(wildcard test/e2e/*.c)
+TPROG_BINS  := $(patsubst test/e2e/%.c,$(BUILD)/test/%,$(TPROG_SRCS))
+TPROG_LIBS  := $(patsubst test/e2e/%.c,$(BUILD)/test/%.so,$(wildcard test/e2e/*_lib.c))
+
+UNIT_SRCS   := $(wildcard test/unit/*.cc)
+UNIT_BIN    := $(BUILD)/test/unit_tests
+
+MICRO_SRCS  := $(wildcard bench/micro/*.cc)
+MICRO_BIN   := $(BUILD)/bench/micro
+
+.PHONY: all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
+all: $(SHUNT_SO) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS)
+
+-include mk/*.mk
+
+# ---------------------------------------------------------------- deps
+deps:: apt-deps
+apt-deps:
+	@mk/install-deps $(sort $(DEB_PACKAGES))
+
+# ---------------------------------------------------------------- library
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_BASE) -MMD -MP -c $< -o $@
+
+$(VERSION_MAP): interpose/gen-version-map interpose/exports.list
+	@mkdir -p $(dir $@)
+	interpose/gen-version-map interpose/exports.list > $@.tmp && mv $@.tmp $@
+
+$(SHUNT_SO): $(LIB_OBJS) $(VERSION_MAP)
+	@mkdir -p $(dir $@)
+	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJS) -Wl,--version-script=$(VERSION_MAP) \
+	  -Wl,-z,defs -Wl,-z,now -Wl,--no-undefined $(LIB_LIBS)
+
+$(CORE_A): $(CORE_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# ---------------------------------------------------------------- tools
+.SECONDEXPANSION:
+$(BUILD)/bin/%: $$(patsubst %.cc,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.cc)) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
+	  $(TOOL_LIBS_$*) $(LIB_LIBS)
+
+$(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/%
+	@mkdir -p $(dir $@)
+	install -m 0755 $< $@
+
+# ---------------------------------------------------------------- examples
+$(BUILD)/examples/%: examples/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -o $@ $< -libverbs -ldl -lpthread
+
+$(BUILD)/examples/%.so: examples/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -fPIC -shared -o $@ $<
+
+$(BUILD)/test/%: test/e2e/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -o $@ $< -libverbs -ldl -lpthread -L$(BUILD)/test -Wl,-rpath,'$$ORIGIN' \
+	  $(if $(wildcard test/e2e/$*_lib.c),-l:$*_lib.so,)
+
+$(BUILD)/test/%.so: test/e2e/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -fPIC -shared -o $@ $<
+
+# test programs that link a *_lib.so need it first
+$(foreach l,$(TPROG_LIBS),$(eval $(patsubst %_lib.so,%,$(l)): $(l)))
+
+# ---------------------------------------------------------------- tests
+$(UNIT_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(UNIT_SRCS)) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
+	  -lgtest -lgtest_main $(LIB_LIBS)
+
+test: deps
+	$(MAKE) -j$(JOBS) all $(UNIT_BIN) $(TPROG_BINS) $(TPROG_LIBS)
+	test/run
+
+test-unit: $(UNIT_BIN)
+	$(UNIT_BIN)
+
+# ---------------------------------------------------------------- sanitizers
+asan:
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 build-asan/test/unit_tests
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-asan/test/unit_tests
+
+tsan:
+	$(MAKE) BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1 build-tsan/test/unit_tests
+	TSAN_OPTIONS=halt_on_error=1 build-tsan/test/unit_tests
+
+# ---------------------------------------------------------------- bench
+$(MICRO_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(MICRO_SRCS)) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(CXX) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
+	  -lbenchmark -lpthread $(LIB_LIBS)
+
+bench: deps
+	$(MAKE) -j$(JOBS) all $(MICRO_BIN)
+	bench/run
+
+# ---------------------------------------------------------------- install
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib/shunt $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(SHUNT_SO) $(DESTDIR)$(PREFIX)/lib/shunt/libshunt.so
+	for b in $(TOOL_BINS) $(TOOL_SCRIPTS); do install -m 0755 $$b $(DESTDIR)$(PREFIX)/bin/; done
+	for p in man/*.[0-9]; do s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s; \
+	  install -m 0644 $$p $(DESTDIR)$(PREFIX)/share/man/man$$s/; done
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c')
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,8 @@
+// The library constructor lives here (only in libshunt.so, not in the core
+// archive that tools and unit tests link): resolve and parse config, nothing
+// else; threads, devices and sockets start lazily on first use.
+#include "interpose/core/runtime.h"
+
+namespace {
+__attribute__((constructor)) void shunt_constructor() { shunt::ensure_init(); }
+}  // namespace

@@ -1,0 +1,83 @@
+// The patched ctx->ops entries. They run on every WR and completion, so:
+// no lock, no allocation, no logging; one table lookup and a few relaxed
+// counter adds, then the provider's own function.
+#include "interpose/verbs/registry.h"
+
+namespace shunt::verbs {
+
+namespace {
+inline QpStats& stats_for(QpRecord* r, ContextRecord* c) { return r ? r->s : c->untracked; }
+
+void count_send(QpStats& s, const ibv_send_wr* wr, const ibv_send_wr* stop) {
+  uint64_t bytes = 0;
+  for (; wr && wr != stop; wr = wr->next) {
+    add(s.send_wrs[static_cast<unsigned>(wr->opcode) & (kWrOpcodes - 1)], 1);
+    for (int i = 0; i < wr->num_sge; i++) bytes += wr->sg_list[i].length;
+  }
+  if (bytes) add(s.send_bytes, bytes);
+}
+
+uint64_t count_recv(const ibv_recv_wr* wr, const ibv_recv_wr* stop) {
+  uint64_t n = 0;
+  for (; wr && wr != stop; wr = wr->next) n++;
+  return n;
+}
+}  // namespace
+
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  QpRecord* r = find_qp(qp);
+  ContextRecord* c = r ? r->ctx : find_context(qp->context);
+  int ret = c->orig.post_send(qp, wr, bad);
+  QpStats& s = stats_for(r, c);
+  count_send(s, wr, ret ? *bad : nullptr);
+  if (ret) add(s.send_post_errors, 1);
+  return ret;
+}
+
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  QpRecord* r = find_qp(qp);
+  ContextRecord* c = r ? r->ctx : find_context(qp->context);
+  int ret = c->orig.post_recv(qp, wr, bad);
+  QpStats& s = stats_for(r, c);
+  add(s.recv_wrs, count_recv(wr, ret ? *bad : nullptr));
+  if (ret) add(s.recv_post_errors, 1);
+  return ret;
+}
+
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  ContextRecord* c = find_context(srq->context);
+  int ret = c->orig.post_srq_recv(srq, wr, bad);
+  add(c->srq_recv_wrs, count_recv(wr, ret ? *bad : nullptr));
+  return ret;
+}
+
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
+  ContextRecord* c = find_context(cq->context);
+  int got = c->orig.poll_cq(cq, n, wc);
+  QpRecord* r = nullptr;
+  uint32_t last_qpn = UINT32_MAX;
+  for (int i = 0; i < got; i++) {
+    const ibv_wc& w = wc[i];
+    if (w.qp_num != last_qpn) {  // completions of one QP come in runs
+      r = find_qp_by_num(c, w.qp_num);
+      last_qpn = w.qp_num;
+    }
+    QpStats& s = stats_for(r, c);
+    add(s.completions, 1);
+    if (w.status != IBV_WC_SUCCESS) {
+      add(s.wc_status[static_cast<unsigned>(w.status) & (kWcStatuses - 1)], 1);
+    } else if (w.opcode & IBV_WC_RECV) {
+      add(s.recv_completions, 1);
+      add(s.recv_bytes, w.byte_len);
+    }
+  }
+  return got;
+}
+
+int req_notify_cq(ibv_cq* cq, int solicited_only) {
+  ContextRecord* c = find_context(cq->context);
+  add(c->notify_calls, 1);
+  return c->orig.req_notify_cq(cq, solicited_only);
+}
+
+}  // namespace shunt::verbs
