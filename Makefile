@@ -43,7 +43,7 @@ VERSION_MAP := $(BUILD)/shunt.map
 # tools/<name> that is a plain file (a script) is copied there.
 TOOL_DIRS   := $(patsubst tools/%/,%,$(dir $(wildcard tools/*/*.cc)))
 TOOL_BINS   := $(addprefix $(BUILD)/bin/,$(sort $(TOOL_DIRS)))
-TOOL_SCRIPTS:= $(addprefix $(BUILD)/bin/,$(notdir $(filter-out $(wildcard tools/*/),$(wildcard tools/*))))
+TOOL_SCRIPTS:= $(addprefix $(BUILD)/bin/,$(notdir $(shell find tools -maxdepth 1 -type f -perm -u+x)))
 TOOL_LIBS_shuntctl :=
 
 # Examples: each examples/*.c is a program; examples/*_lib.c a shared object.
