@@ -2,7 +2,11 @@
 // archive that tools and unit tests link): resolve and parse config, nothing
 // else; threads, devices and sockets start lazily on first use.
 #include "interpose/core/runtime.h"
+#include "telemetry/stats_file.h"
 
 namespace {
-__attribute__((constructor)) void shunt_constructor() { shunt::ensure_init(); }
+__attribute__((constructor)) void shunt_constructor() {
+  shunt::ensure_init();
+  shunt::telemetry::install_stats_file();
+}
 }  // namespace

@@ -38,11 +38,30 @@ void run_exit_hooks() {
   for (auto fn : hooks) fn();
 }
 
-void on_fork_prepare() { log::prepare_fork(); }
-void on_fork_parent() { log::after_fork_parent(); }
+struct ForkHooks {
+  void (*prepare)(), (*parent)(), (*child)();
+};
+ForkHooks g_fork_hooks[8];
+std::atomic<int> g_fork_hook_count{0};
+
+void on_fork_prepare() {
+  log::prepare_fork();
+  int n = g_fork_hook_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (g_fork_hooks[i].prepare) g_fork_hooks[i].prepare();
+}
+void on_fork_parent() {
+  int n = g_fork_hook_count.load(std::memory_order_acquire);
+  for (int i = n - 1; i >= 0; i--)
+    if (g_fork_hooks[i].parent) g_fork_hooks[i].parent();
+  log::after_fork_parent();
+}
 void on_fork_child() {
   g_pid.store(getpid(), std::memory_order_relaxed);
   g_forked.store(true, std::memory_order_relaxed);
+  int n = g_fork_hook_count.load(std::memory_order_acquire);
+  for (int i = n - 1; i >= 0; i--)
+    if (g_fork_hooks[i].child) g_fork_hooks[i].child();
   log::after_fork_child();
 }
 
@@ -116,6 +135,13 @@ int self_pid() {
   return p ? p : getpid();
 }
 bool is_forked_child() { return g_forked.load(std::memory_order_relaxed); }
+
+void on_fork(void (*prepare)(), void (*parent)(), void (*child)()) {
+  int i = g_fork_hook_count.load(std::memory_order_relaxed);
+  if (i >= 8) abort();  // a build defect: more parts than slots
+  g_fork_hooks[i] = {prepare, parent, child};
+  g_fork_hook_count.store(i + 1, std::memory_order_release);
+}
 
 void at_exit(void (*fn)()) {
   std::lock_guard lk(g_exit_mu);

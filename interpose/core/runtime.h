@@ -54,6 +54,11 @@ F* real_fn(std::atomic<void*>& slot, const char* name, const char* version, cons
 int self_pid();
 bool is_forked_child();  // true in a child of a process where shunt ran
 
+// Registers fork handlers of a part (run after the logger's in prepare,
+// before it in parent/child). Safe from static initializers: the table is
+// constant-initialized. At most 8.
+void on_fork(void (*prepare)(), void (*parent)(), void (*child)());
+
 // Registers a hook run at exit (stats file writers). Called in init order.
 void at_exit(void (*fn)());
 

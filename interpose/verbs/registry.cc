@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
 #include "interpose/verbs/table.h"
 
 namespace shunt::verbs {
@@ -16,6 +17,12 @@ std::deque<QpRecord>* g_records = nullptr;  // stable addresses, never shrinks
 PtrTable<QpRecord> g_by_ptr;
 PtrTable<QpRecord> g_by_num;
 constexpr size_t kMaxRecords = 1 << 16;
+
+struct ForkSafety {  // the child must not inherit g_mu held by another thread
+  ForkSafety() {
+    on_fork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
+  }
+} g_fork_safety;
 
 uint64_t num_key(const ContextRecord* c, uint32_t qpn) {
   return (static_cast<uint64_t>(c->slot) << 32) | qpn;

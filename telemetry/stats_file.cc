@@ -1,0 +1,156 @@
+#include "telemetry/stats_file.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
+#include "interpose/socket/fd_table.h"
+#include "interpose/verbs/registry.h"
+
+namespace shunt::telemetry {
+
+namespace {
+using nlohmann::json;
+
+std::string addr_str(const sockaddr_storage& a, socklen_t len) {
+  if (len == 0) return "";
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (a.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &s->sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(ntohs(s->sin_port));
+  }
+  if (a.ss_family == AF_INET6) {
+    auto* s = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &s->sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(s->sin6_port));
+  }
+  return "";
+}
+
+const char* role_name(sock::Role r) {
+  switch (r) {
+    case sock::Role::client: return "client";
+    case sock::Role::listener: return "listener";
+    case sock::Role::accepted: return "accepted";
+    default: return "unknown";
+  }
+}
+
+const char* qp_type_name(ibv_qp_type t) {
+  switch (t) {
+    case IBV_QPT_RC: return "RC";
+    case IBV_QPT_UC: return "UC";
+    case IBV_QPT_UD: return "UD";
+    case IBV_QPT_RAW_PACKET: return "RAW_PACKET";
+    case IBV_QPT_XRC_SEND: return "XRC_SEND";
+    case IBV_QPT_XRC_RECV: return "XRC_RECV";
+    case IBV_QPT_DRIVER: return "DRIVER";
+    default: return "OTHER";
+  }
+}
+
+json qp_stats(const verbs::QpStats& s) {
+  json wrs = json::object(), errs = json::object();
+  for (int op = 0; op < verbs::kWrOpcodes; op++)
+    if (uint64_t n = verbs::get(s.send_wrs[op])) wrs[verbs::wr_opcode_name(op)] = n;
+  for (int st = 1; st < verbs::kWcStatuses; st++)
+    if (uint64_t n = verbs::get(s.wc_status[st]))
+      errs[ibv_wc_status_str(static_cast<ibv_wc_status>(st))] = n;
+  return {{"send_wrs", wrs},
+          {"send_bytes", verbs::get(s.send_bytes)},
+          {"send_post_errors", verbs::get(s.send_post_errors)},
+          {"recv_wrs", verbs::get(s.recv_wrs)},
+          {"recv_post_errors", verbs::get(s.recv_post_errors)},
+          {"completions", verbs::get(s.completions)},
+          {"recv_completions", verbs::get(s.recv_completions)},
+          {"recv_bytes", verbs::get(s.recv_bytes)},
+          {"errors", errs}};
+}
+
+void write_at_exit() {
+  const Config& c = config();
+  write_stats_file(c.str(Param::stats_file));
+}
+}  // namespace
+
+json stats_json() {
+  char host[256] = "unknown";
+  gethostname(host, sizeof host - 1);
+  json calls = json::object();
+  for (int i = 0; i < static_cast<int>(verbs::Call::count_); i++)
+    if (uint64_t n = verbs::call_count(static_cast<verbs::Call>(i)))
+      calls[verbs::call_name(static_cast<verbs::Call>(i))] = n;
+  json devices = json::array();
+  verbs::for_each_context([&](const verbs::ContextRecord& c) {
+    devices.push_back({{"device", c.device},
+                       {"open", c.ctx.load() != nullptr},
+                       {"srq_recv_wrs", verbs::get(c.srq_recv_wrs)},
+                       {"notify_calls", verbs::get(c.notify_calls)},
+                       {"async_events", verbs::get(c.async_events)},
+                       {"untracked_qps", qp_stats(c.untracked)}});
+  });
+  json qps = json::array();
+  verbs::for_each_qp([&](const verbs::QpRecord& r) {
+    json q = qp_stats(r.s);
+    q["device"] = r.device;
+    q["qpn"] = r.qpn;
+    q["type"] = qp_type_name(r.type);
+    q["extended"] = r.extended;
+    q["destroyed"] = r.destroyed.load();
+    qps.push_back(std::move(q));
+  });
+  json socks = json::array();
+  sock::for_each([&](const sock::SocketRecord& r) {
+    socks.push_back({{"fd", r.fd},
+                     {"family", r.family == AF_INET6 ? "inet6" : "inet"},
+                     {"role", role_name(r.role)},
+                     {"local", addr_str(r.local, r.local_len)},
+                     {"peer", addr_str(r.peer, r.peer_len)},
+                     {"tx_bytes", r.tx_bytes.load()},
+                     {"rx_bytes", r.rx_bytes.load()},
+                     {"accepts", r.accepts.load()},
+                     {"open", r.open.load()}});
+  });
+  const char* modes[] = {"off", "observe", "active"};
+  return {{"version", SHUNT_VERSION},
+          {"host", host},
+          {"pid", getpid()},
+          {"mode", modes[static_cast<int>(current_mode())]},
+          {"forks", sock::fork_count()},
+          {"verbs", {{"calls", calls}, {"devices", devices}, {"qps", qps}}},
+          {"sockets", socks}};
+}
+
+bool write_stats_file(const std::string& pattern) {
+  if (pattern.empty()) return false;
+  std::string path = expand_pattern(pattern, getpid());
+  if (is_forked_child() && pattern.find("%p") == std::string::npos) path += "." + std::to_string(getpid());
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) {
+      log::error("SHUNT_STATS_FILE: cannot write {}", tmp);
+      return false;
+    }
+    out << stats_json().dump(2) << "\n";
+    if (!out.good()) return false;
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    log::error("SHUNT_STATS_FILE: cannot rename {} to {}", tmp, path);
+    unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+void install_stats_file() {
+  if (!config().str(Param::stats_file).empty() && current_mode() != Mode::off) at_exit(write_at_exit);
+}
+
+}  // namespace shunt::telemetry

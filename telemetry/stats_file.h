@@ -1,0 +1,15 @@
+// SHUNT_STATS_FILE: the process's counters as one JSON document, written at
+// exit (to a temporary name, then renamed, so a reader never sees half).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace shunt::telemetry {
+
+nlohmann::json stats_json();
+// Writes stats_json() to the expanded SHUNT_STATS_FILE; false on error.
+bool write_stats_file(const std::string& pattern);
+// Registers the exit hook when SHUNT_STATS_FILE is set (called at init).
+void install_stats_file();
+
+}  // namespace shunt::telemetry

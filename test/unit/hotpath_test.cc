@@ -1,0 +1,206 @@
+// The inline ibv_post_send/ibv_post_recv/ibv_poll_cq of <infiniband/verbs.h>
+// jump through ctx->ops; these tests build an ibv_context by hand with a
+// trivial "provider" and check that, once patched, the inline calls reach
+// shunt, then the provider, exactly once each, and are counted exactly.
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <cstring>
+#include <memory>
+
+#include "interpose/verbs/registry.h"
+
+using namespace shunt::verbs;
+
+namespace {
+int g_sends, g_recvs, g_polls, g_notifies, g_srq_recvs;
+int g_fail_at = -1;  // post_send fails at this WR index
+ibv_wc g_wcs[8];
+int g_nwcs;
+
+int fake_post_send(ibv_qp*, ibv_send_wr* wr, ibv_send_wr** bad) {
+  int i = 0;
+  for (; wr; wr = wr->next, i++) {
+    if (i == g_fail_at) {
+      *bad = wr;
+      return ENOMEM;
+    }
+    g_sends++;
+  }
+  return 0;
+}
+int fake_post_recv(ibv_qp*, ibv_recv_wr* wr, ibv_recv_wr**) {
+  for (; wr; wr = wr->next) g_recvs++;
+  return 0;
+}
+int fake_poll_cq(ibv_cq*, int n, ibv_wc* wc) {
+  g_polls++;
+  int k = std::min(n, g_nwcs);
+  memcpy(wc, g_wcs, sizeof(ibv_wc) * k);
+  return k;
+}
+int fake_notify(ibv_cq*, int) { return ++g_notifies, 0; }
+int fake_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**) { return ++g_srq_recvs, 0; }
+ibv_qp* fake_create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) { return nullptr; }
+
+struct FakeDevice {
+  verbs_context vctx{};
+  ibv_context* ctx = &vctx.context;
+  ibv_qp qp{};
+  ibv_cq cq{};
+  ibv_srq srq{};
+  FakeDevice(uint32_t qpn) {
+    vctx.sz = sizeof vctx;
+    ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    ctx->ops.post_send = fake_post_send;
+    ctx->ops.post_recv = fake_post_recv;
+    ctx->ops.poll_cq = fake_poll_cq;
+    ctx->ops.req_notify_cq = fake_notify;
+    ctx->ops.post_srq_recv = fake_srq_recv;
+    vctx.create_qp_ex = fake_create_qp_ex;
+    qp.context = ctx;
+    qp.qp_num = qpn;
+    qp.qp_type = IBV_QPT_RC;
+    cq.context = ctx;
+    srq.context = ctx;
+    g_sends = g_recvs = g_polls = g_notifies = g_srq_recvs = 0;
+    g_fail_at = -1;
+    g_nwcs = 0;
+  }
+};
+
+ibv_send_wr write_wr(ibv_sge* sge, ibv_send_wr* next = nullptr) {
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.sg_list = sge;
+  wr.num_sge = 1;
+  wr.next = next;
+  return wr;
+}
+}  // namespace
+
+TEST(HotPath, InlinePostSendReachesPatchedOpsThenProvider) {
+  auto d = std::make_unique<FakeDevice>(101);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  EXPECT_NE(d->ctx->ops.post_send, fake_post_send);
+  QpRecord* r = track_qp(&d->qp, false);
+  ASSERT_NE(r, nullptr);
+
+  ibv_sge sge[2] = {{0, 4096, 0}, {0, 100, 0}};
+  ibv_send_wr second = write_wr(&sge[1]);
+  second.opcode = IBV_WR_SEND;
+  ibv_send_wr first = write_wr(&sge[0], &second);
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(&d->qp, &first, &bad), 0);  // the inline from verbs.h
+  EXPECT_EQ(g_sends, 2);
+  EXPECT_EQ(get(r->s.send_wrs[IBV_WR_RDMA_WRITE]), 1u);
+  EXPECT_EQ(get(r->s.send_wrs[IBV_WR_SEND]), 1u);
+  EXPECT_EQ(get(r->s.send_bytes), 4196u);
+
+  unpatch_context(d->ctx);
+  EXPECT_EQ(d->ctx->ops.post_send, fake_post_send);
+  EXPECT_EQ(d->ctx->ops.poll_cq, fake_poll_cq);
+  EXPECT_EQ(d->vctx.create_qp_ex, fake_create_qp_ex);
+  EXPECT_EQ(ibv_post_send(&d->qp, &first, &bad), 0);
+  EXPECT_EQ(get(r->s.send_bytes), 4196u) << "an unpatched context is not counted";
+  untrack_qp(&d->qp);
+}
+
+TEST(HotPath, FailedPostCountsOnlyWrsBeforeBadWr) {
+  auto d = std::make_unique<FakeDevice>(102);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  QpRecord* r = track_qp(&d->qp, false);
+  ibv_sge sge[3] = {{0, 10, 0}, {0, 20, 0}, {0, 40, 0}};
+  ibv_send_wr c = write_wr(&sge[2]), b = write_wr(&sge[1], &c), a = write_wr(&sge[0], &b);
+  ibv_send_wr* bad = nullptr;
+  g_fail_at = 1;
+  EXPECT_EQ(ibv_post_send(&d->qp, &a, &bad), ENOMEM);
+  EXPECT_EQ(bad, &b) << "the provider's bad_wr reaches the application";
+  EXPECT_EQ(get(r->s.send_wrs[IBV_WR_RDMA_WRITE]), 1u);
+  EXPECT_EQ(get(r->s.send_bytes), 10u);
+  EXPECT_EQ(get(r->s.send_post_errors), 1u);
+  untrack_qp(&d->qp);
+  unpatch_context(d->ctx);
+}
+
+TEST(HotPath, PollCqCountsCompletionsErrorsAndReceivedBytesPerQp) {
+  auto d = std::make_unique<FakeDevice>(103);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  QpRecord* r = track_qp(&d->qp, false);
+  g_nwcs = 4;
+  memset(g_wcs, 0, sizeof g_wcs);
+  for (int i = 0; i < 4; i++) g_wcs[i].qp_num = 103, g_wcs[i].wr_id = 7 + i;
+  g_wcs[0].opcode = IBV_WC_RDMA_WRITE;
+  g_wcs[1].opcode = IBV_WC_RECV, g_wcs[1].byte_len = 512;
+  g_wcs[2].opcode = IBV_WC_RECV_RDMA_WITH_IMM, g_wcs[2].byte_len = 1024;
+  g_wcs[3].status = IBV_WC_RETRY_EXC_ERR;
+  ibv_wc out[16];
+  EXPECT_EQ(ibv_poll_cq(&d->cq, 16, out), 4);
+  EXPECT_EQ(out[3].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(out[2].wr_id, 9u) << "completions reach the application unchanged";
+  EXPECT_EQ(g_polls, 1);
+  EXPECT_EQ(get(r->s.completions), 4u);
+  EXPECT_EQ(get(r->s.recv_completions), 2u);
+  EXPECT_EQ(get(r->s.recv_bytes), 1536u);
+  EXPECT_EQ(get(r->s.wc_status[IBV_WC_RETRY_EXC_ERR]), 1u);
+  // Batch semantics: asking for fewer returns fewer.
+  EXPECT_EQ(ibv_poll_cq(&d->cq, 2, out), 2);
+  untrack_qp(&d->qp);
+  unpatch_context(d->ctx);
+}
+
+TEST(HotPath, RecvNotifyAndSrqReachProvider) {
+  auto d = std::make_unique<FakeDevice>(104);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  QpRecord* r = track_qp(&d->qp, false);
+  ibv_recv_wr w2{}, w1{};
+  w1.next = &w2;
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_recv(&d->qp, &w1, &bad), 0);
+  EXPECT_EQ(g_recvs, 2);
+  EXPECT_EQ(get(r->s.recv_wrs), 2u);
+  EXPECT_EQ(ibv_req_notify_cq(&d->cq, 0), 0);
+  EXPECT_EQ(g_notifies, 1);
+  EXPECT_EQ(ibv_post_srq_recv(&d->srq, &w1, &bad), 0);
+  EXPECT_EQ(g_srq_recvs, 1);
+  ContextRecord* c = find_context(d->ctx);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(get(c->srq_recv_wrs), 2u);
+  untrack_qp(&d->qp);
+  unpatch_context(d->ctx);
+}
+
+TEST(HotPath, QpCreatedBehindShuntsBackIsCountedPerDevice) {
+  auto d = std::make_unique<FakeDevice>(105);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  ibv_sge sge{0, 64, 0};
+  ibv_send_wr wr = write_wr(&sge);
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(&d->qp, &wr, &bad), 0);
+  EXPECT_EQ(g_sends, 1);
+  EXPECT_EQ(get(find_context(d->ctx)->untracked.send_bytes), 64u);
+  unpatch_context(d->ctx);
+}
+
+TEST(HotPath, ExtendedCreateQpIsHookedAndRestored) {
+  auto d = std::make_unique<FakeDevice>(106);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  EXPECT_NE(d->vctx.create_qp_ex, fake_create_qp_ex);
+  ibv_qp_init_attr_ex attr{};
+  EXPECT_EQ(ibv_create_qp_ex(d->ctx, &attr), nullptr);  // reaches the fake through the hook
+  unpatch_context(d->ctx);
+  EXPECT_EQ(d->vctx.create_qp_ex, fake_create_qp_ex);
+}
+
+TEST(HotPath, DestroyedQpNumberNoLongerMatches) {
+  auto d = std::make_unique<FakeDevice>(107);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  QpRecord* r = track_qp(&d->qp, false);
+  ContextRecord* c = find_context(d->ctx);
+  EXPECT_EQ(find_qp_by_num(c, 107), r);
+  untrack_qp(&d->qp);
+  EXPECT_EQ(find_qp_by_num(c, 107), nullptr);
+  EXPECT_EQ(find_qp(&d->qp), nullptr);
+  EXPECT_TRUE(r->destroyed.load());
+  unpatch_context(d->ctx);
+}
