@@ -1,0 +1,45 @@
+#include "clocksync/filter.h"
+
+#include <cstdlib>
+
+namespace shunt::clocksync {
+
+std::optional<int64_t> PairFilter::accept(const PairStamps& p) {
+  if (p.tx0 == 0 || p.tx1 == 0 || p.rx0 == 0 || p.rx1 == 0 || p.tx1 < p.tx0) {
+    rejected_++;
+    return std::nullopt;
+  }
+  int64_t sent = p.tx1 - p.tx0, got = p.rx1 - p.rx0;
+  if (std::llabs(got - sent) > tol_) {
+    rejected_++;
+    return std::nullopt;
+  }
+  accepted_++;
+  return p.rx0 - p.tx0;
+}
+
+std::optional<Sample> WindowMin::add(const Sample& s, double slope) {
+  int64_t id = s.t >= 0 ? s.t / window_ : (s.t - window_ + 1) / window_;
+  std::optional<Sample> out;
+  if (have_ && id != win_id_) {
+    out = best_;
+    have_ = false;
+  }
+  // Detrend relative to the window start so the key stays small and exact.
+  double key = double(s.d) - slope * double(s.t - id * window_);
+  if (!have_ || key < best_key_) {
+    best_ = s;
+    best_key_ = key;
+  }
+  have_ = true;
+  win_id_ = id;
+  return out;
+}
+
+std::optional<Sample> WindowMin::flush(int64_t now) {
+  if (!have_ || now < (win_id_ + 1) * window_) return std::nullopt;
+  have_ = false;
+  return best_;
+}
+
+}  // namespace shunt::clocksync
