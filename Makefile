@@ -92,7 +92,7 @@ $(CORE_A): $(CORE_OBJS)
 
 # ---------------------------------------------------------------- tools
 .SECONDEXPANSION:
-$(BUILD)/bin/%: $$(patsubst %.cc,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.cc)) $(CORE_A)
+$(BUILD)/bin/%: $$(subst .cc,.o,$$(addprefix $(BUILD)/obj/,$$(wildcard tools/$$*/*.cc))) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
 	  $(TOOL_LIBS_$*) $(LIB_LIBS)
