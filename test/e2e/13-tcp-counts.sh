@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Observe mode counts exactly the bytes a TCP client/server pair exchanged
+# over loopback, through send/write/writev/sendmsg and
+# recv/read/readv/recvmsg, on both ends.
+# timeout: 60
+. "$(dirname "$0")/../lib.sh"
+port=$(free_port)
+export SHUNT_MODE=observe
+SHUNT_STATS_FILE="$TMP/server.json" LD_PRELOAD=$LIB "$B/test/tcp_pair" server "$port" &
+srv=$!
+at_exit "kill $srv 2>/dev/null"
+SHUNT_STATS_FILE="$TMP/client.json" LD_PRELOAD=$LIB "$B/test/tcp_pair" client "$port" || fail "client failed"
+wait $srv || fail "server failed"
+c=$TMP/client.json s=$TMP/server.json
+expect_eq "$(jget "$c" 'len(d["sockets"])')" 1 "client sockets"
+expect_eq "$(jget "$c" 'd["sockets"][0]["role"]')" client "client role"
+expect_eq "$(jget "$c" 'd["sockets"][0]["tx_bytes"]')" 12000 "client tx bytes"
+expect_eq "$(jget "$c" 'd["sockets"][0]["rx_bytes"]')" 12000 "client rx bytes"
+expect_eq "$(jget "$c" 'd["sockets"][0]["peer"]')" "127.0.0.1:$port" "client peer"
+expect_eq "$(jget "$s" '[x["role"] for x in d["sockets"]]')" "['listener', 'accepted']" "server roles"
+expect_eq "$(jget "$s" 'd["sockets"][1]["tx_bytes"]')" 12000 "server tx bytes"
+expect_eq "$(jget "$s" 'd["sockets"][1]["rx_bytes"]')" 12000 "server rx bytes"
+expect_eq "$(jget "$s" 'd["sockets"][0]["accepts"]')" 1 "accepts on the listener"
+expect_eq "$(jget "$s" 'd["sockets"][1]["local"]')" "127.0.0.1:$port" "accepted local address"
+expect_eq "$(jget "$s" 'd["sockets"][1]["open"]')" False "closed socket recorded as closed"
