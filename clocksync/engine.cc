@@ -1,0 +1,614 @@
+#include "clocksync/engine.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sodium.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "clocksync/clock_shm.h"
+#include "clocksync/loop.h"
+#include "interpose/core/log.h"
+
+namespace shunt::clocksync {
+
+namespace {
+constexpr int kRing = 8;               // pairs remembered per path and direction
+constexpr size_t kPendingMax = 1024;   // send stamps awaited per rail
+constexpr int64_t kTick = 5'000'000;   // liveness and estimator cadence, ns
+constexpr int64_t kLoopEvery = 100'000'000;
+
+struct TxPair {
+  uint64_t seq = kNoSeq;
+  int64_t tx[2] = {0, 0};  // local clock, kernel send stamps
+  int64_t app = 0;         // local clock before sending
+};
+struct RxPair {
+  uint64_t seq = kNoSeq;
+  int64_t rx[2] = {0, 0};
+};
+struct Heard {  // the newest gossip a peer sent about another host
+  uint64_t id = 0;
+  double offset_ns = 0, drift = 0, bound_ns = 0;
+  int64_t sender_time = 0;  // the sender's clock when it held
+  int64_t local_rx = 0;
+};
+}  // namespace
+
+struct ProbeEngine::Pending {
+  int64_t id;
+  int peer;
+  uint64_t seq;
+  int idx;
+};
+
+struct PathState {
+  sockaddr_in remote{};
+  uint64_t next_seq = 0;
+  std::array<TxPair, kRing> tx;
+  std::array<RxPair, kRing> rx;
+  uint64_t rx_max = 0;
+  bool rx_any = false;
+  uint32_t rx_count = 0;
+  uint64_t last_fwd = 0, last_rev = 0;  // newest pair seq already turned into a sample
+  bool fwd_any = false, rev_any = false;
+  PathView view;
+};
+
+struct ProbeEngine::Peer {
+  std::string name;
+  uint64_t id = 0;
+  bool id_confirmed = false;
+  std::vector<PathState> paths;
+  OffsetEstimator est;
+  PairFilter filter;
+  int64_t next_send = 0;
+  int gossip_cursor = 0;
+  int64_t naive_f = 0, naive_r = 0, naive_f_t = 0, naive_r_t = 0;
+  bool have_f = false, have_r = false;
+  std::vector<Heard> heard;
+  double corr_offset = 0, corr_bound = 0;  // loop-corrected at corr_at
+  int64_t corr_at = 0;
+  bool corr_valid = false;
+
+  Peer(const EstimatorParams& e, int64_t tol) : est(e), filter(tol) {}
+};
+
+struct ProbeEngine::Shm {
+  ClockPublisher pub;
+};
+
+uint64_t node_id(std::string_view name) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (sodium_init() < 0) __builtin_trap();
+  });
+  uint8_t h[8];
+  crypto_generichash(h, sizeof(h), reinterpret_cast<const uint8_t*>(name.data()), name.size(),
+                     nullptr, 0);
+  uint64_t v;
+  std::memcpy(&v, h, 8);
+  return v ? v : 1;
+}
+
+bool parse_peers(std::string_view text, std::vector<PeerSpec>* out, std::string* err) {
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && (text[i] == ' ' || text[i] == ';' || text[i] == '\n')) i++;
+    size_t j = i;
+    while (j < text.size() && text[j] != ' ' && text[j] != ';' && text[j] != '\n') j++;
+    if (j == i) break;
+    std::string_view item = text.substr(i, j - i);
+    i = j;
+    auto eq = item.find('=');
+    if (eq == 0 || eq == std::string_view::npos || eq + 1 == item.size()) {
+      if (err) *err = "peer '" + std::string(item) + "' is not NAME=ADDR[,ADDR]";
+      return false;
+    }
+    PeerSpec p;
+    p.name = std::string(item.substr(0, eq));
+    std::string_view addrs = item.substr(eq + 1);
+    while (!addrs.empty()) {
+      auto c = addrs.find(',');
+      std::string a(addrs.substr(0, c));
+      sockaddr_in sa;
+      if (!parse_ipv4(a, 1, &sa)) {
+        if (err) *err = "peer " + p.name + ": not an IPv4 address: " + a;
+        return false;
+      }
+      p.addrs.push_back(a);
+      addrs = c == std::string_view::npos ? std::string_view{} : addrs.substr(c + 1);
+    }
+    out->push_back(std::move(p));
+  }
+  return true;
+}
+
+ProbeEngine::ProbeEngine(EngineConfig cfg)
+    : cfg_(std::move(cfg)), ts_(cfg_.test_clock), self_id_(node_id(cfg_.name)) {
+  // Pair sequence numbers start at the clock in us: a restarted engine never
+  // reuses numbers its peers have seen, so their replay check needs no reset.
+  seq_base_ = uint64_t(TimeSource::kernel_now() / 1000);
+}
+
+ProbeEngine::~ProbeEngine() { stop(); }
+
+bool ProbeEngine::start(std::string* err) {
+  if (thread_.joinable()) return true;
+  if (cfg_.local_addrs.empty()) {
+    if (err) *err = "no local probe addresses";
+    return false;
+  }
+  for (const std::string& a : cfg_.local_addrs) {
+    auto s = std::make_unique<ProbeSocket>();
+    if (!s->open(a, cfg_.port, cfg_.want_hw, err)) {
+      socks_.clear();
+      return false;
+    }
+    log::info("clocksync: rail {} {}:{} ({} timestamps{}{})", socks_.size(), a, cfg_.port,
+              to_string(s->mode()), s->ifname().empty() ? "" : ", ", s->ifname());
+    socks_.push_back(std::move(s));
+  }
+  pending_.assign(socks_.size(), {});
+  if (!cfg_.shm_name.empty()) {
+    shm_ = std::make_unique<Shm>();
+    if (!shm_->pub.open(cfg_.shm_name, self_id_, cfg_.name, cfg_.max_peers, err)) {
+      shm_.reset();
+      socks_.clear();
+      return false;
+    }
+  }
+  stop_ = false;
+  thread_ = std::thread([this] { run(); });
+  return true;
+}
+
+void ProbeEngine::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (shm_) shm_->pub.close(true);
+  shm_.reset();
+  socks_.clear();
+}
+
+void ProbeEngine::add_peer(const PeerSpec& spec) {
+  std::lock_guard lk(mu_);
+  Peer* p = nullptr;
+  for (auto& q : peers_)
+    if (q->name == spec.name) p = q.get();
+  if (!p) {
+    if (int(peers_.size()) >= cfg_.max_peers) {
+      log::warn("clocksync: peer limit {} reached, {} not probed", cfg_.max_peers, spec.name);
+      return;
+    }
+    peers_.push_back(std::make_unique<Peer>(cfg_.est, cfg_.pair_tol_ns));
+    p = peers_.back().get();
+    p->name = spec.name;
+    p->id = node_id(spec.name);
+    // Spread peers over the interval so the pairs of different peers do not collide.
+    std::mt19937_64 rng(p->id ^ self_id_);
+    p->next_send = ts_.now() + int64_t(rng() % uint64_t(cfg_.interval_ns));
+  }
+  size_t n = std::min(spec.addrs.size(), cfg_.local_addrs.size());
+  if (p->paths.size() < n) p->paths.resize(n);
+  for (size_t i = 0; i < n; i++) {
+    parse_ipv4(spec.addrs[i], cfg_.port, &p->paths[i].remote);
+    if (p->paths[i].next_seq == 0) p->paths[i].next_seq = seq_base_;
+  }
+}
+
+void ProbeEngine::on_path_change(std::function<void(const PathEvent&)> cb) {
+  std::lock_guard lk(cb_mu_);
+  path_cb_ = std::move(cb);
+}
+
+void ProbeEngine::run() {
+  std::vector<pollfd> fds(socks_.size());
+  std::vector<PathEvent> events;
+  int64_t next_tick = 0;
+  while (!stop_.load()) {
+    int64_t now = ts_.now();
+    int64_t wait = kTick;
+    {
+      std::lock_guard lk(mu_);
+      for (auto& p : peers_) wait = std::min(wait, p->next_send - now);
+    }
+    for (size_t i = 0; i < socks_.size(); i++) fds[i] = {socks_[i]->fd(), POLLIN, 0};
+    poll(fds.data(), fds.size(), int(std::max<int64_t>(0, wait) / 1'000'000));
+    std::lock_guard lk(mu_);
+    for (size_t i = 0; i < socks_.size(); i++) {
+      if (fds[i].revents & POLLERR) {
+        socks_[i]->drain_send_stamps([&](int64_t id, int64_t ns) {
+          auto& pend = pending_[i];
+          auto it = std::find_if(pend.begin(), pend.end(), [&](const Pending& x) { return x.id == id; });
+          if (it == pend.end()) return;
+          Pending pd = *it;
+          pend.erase(it);
+          if (pd.peer >= int(peers_.size()) || i >= peers_[pd.peer]->paths.size()) return;
+          TxPair& tp = peers_[pd.peer]->paths[i].tx[pd.seq % kRing];
+          int64_t local = ts_.local(ns);
+          // A stamp far from when we sent is not ours (counter out of step).
+          if (tp.seq != pd.seq || std::llabs(local - tp.app) > 1'000'000'000) return;
+          tp.tx[pd.idx] = local;
+          ctr_.tx_stamps++;
+        });
+      }
+      if (fds[i].revents & POLLIN) receive(int(i));
+    }
+    now = ts_.now();
+    if (probing_.load()) send_due(now);
+    if (now >= next_tick) {
+      tick(now, &events);
+      next_tick = now + kTick;
+    }
+    if (!events.empty()) {
+      std::lock_guard cl(cb_mu_);
+      for (auto& e : events) {
+        log::info("clocksync: path {} rail {} is {}", e.peer, e.path, e.alive ? "alive" : "dead");
+        if (path_cb_) path_cb_(e);
+      }
+      events.clear();
+    }
+  }
+}
+
+void ProbeEngine::send_due(int64_t now) {
+  for (auto& p : peers_) {
+    if (p->next_send > now) continue;
+    for (size_t r = 0; r < p->paths.size(); r++) send_pair(*p, int(r), now);
+    // Keep the schedule, with a little jitter so hosts do not phase-lock.
+    p->next_send += cfg_.interval_ns;
+    if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
+    p->next_send += int64_t(randombytes_uniform(uint32_t(cfg_.interval_ns / 20 + 1))) -
+                    cfg_.interval_ns / 40;
+  }
+}
+
+void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
+  PathState& ps = p.paths[rail];
+  Probe pr;
+  pr.path = uint8_t(rail);
+  pr.sender_id = self_id_;
+  pr.receiver_id = p.id;
+  pr.seq = ps.next_seq++;
+  pr.tx_app_ns = now;
+  const TxPair& prev = ps.tx[(pr.seq - 1) % kRing];
+  if (prev.seq == pr.seq - 1 && prev.tx[0] && prev.tx[1]) {
+    pr.fu_seq = prev.seq;
+    pr.fu_tx0 = prev.tx[0];
+    pr.fu_tx1 = prev.tx[1];
+  }
+  // Feedback: the two newest pairs we received from this peer on this path.
+  const RxPair* top[2] = {nullptr, nullptr};  // newest first
+  for (const RxPair& r : ps.rx) {
+    if (r.seq == kNoSeq) continue;
+    if (!top[0] || r.seq > top[0]->seq) {
+      top[1] = top[0];
+      top[0] = &r;
+    } else if (!top[1] || r.seq > top[1]->seq) {
+      top[1] = &r;
+    }
+  }
+  for (const RxPair* r : top)
+    if (r) pr.feedback[pr.n_feedback++] = {r->seq, r->rx[0], r->rx[1], ps.rx_count};
+  // Gossip: our direct estimates of other peers, a few per probe, in turn.
+  if (peers_.size() > 1) {
+    for (size_t k = 0; k < peers_.size() && pr.n_gossip < kMaxGossip; k++) {
+      const Peer& q = *peers_[(p.gossip_cursor + k) % peers_.size()];
+      const ClockModel& m = q.est.model();
+      if (&q == &p || !m.valid) continue;
+      Gossip& g = pr.gossip[pr.n_gossip++];
+      g.peer_id = q.id;
+      g.offset_ns = std::llround(m.offset_at(now));
+      g.drift_ps_s = std::llround(m.drift * 1e12);
+      g.bound_ns = uint32_t(std::min(4e9, m.bound_at(now)));
+      g.age_ms = uint32_t(std::min<int64_t>(UINT32_MAX, (now - m.t_ref) / 1'000'000));
+    }
+    p.gossip_cursor = int((p.gossip_cursor + kMaxGossip) % peers_.size());
+  }
+  std::array<uint8_t, kMaxProbeSize> b0, b1;
+  size_t n0 = encode(pr, cfg_.key, b0);
+  pr.idx = 1;
+  size_t n1 = encode(pr, cfg_.key, b1);
+  TxPair& tp = ps.tx[pr.seq % kRing];
+  tp = TxPair{pr.seq, {0, 0}, now};
+  ProbeSocket& s = *socks_[rail];
+  int peer_idx = 0;
+  for (size_t i = 0; i < peers_.size(); i++)
+    if (peers_[i].get() == &p) peer_idx = int(i);
+  int64_t id0 = s.send(ps.remote, {b0.data(), n0});
+  int64_t id1 = s.send(ps.remote, {b1.data(), n1});
+  int64_t ids[2] = {id0, id1};
+  for (int i = 0; i < 2; i++) {
+    if (ids[i] < 0) {
+      ctr_.send_errors++;
+      continue;
+    }
+    ctr_.sent++;
+    ctr_.bytes_sent += (i == 0 ? n0 : n1) + 28;
+    if (s.mode() == StampMode::user) {
+      tp.tx[i] = ts_.now();
+      continue;
+    }
+    auto& pend = pending_[rail];
+    if (pend.size() >= kPendingMax) pend.erase(pend.begin());
+    pend.push_back({ids[i], peer_idx, pr.seq, i});
+  }
+  ps.view.on_sent(now, pr.seq);
+}
+
+void ProbeEngine::receive(int rail) {
+  std::array<uint8_t, kMaxProbeSize + 1> buf;
+  for (int i = 0; i < 256; i++) {
+    sockaddr_in from{};
+    int64_t rx_ns = 0;
+    ssize_t n = socks_[rail]->recv(buf, &from, &rx_ns);
+    if (n < 0) return;
+    if (!probing_.load()) continue;
+    ctr_.received++;
+    Probe pr;
+    DecodeStatus st = n > ssize_t(kMaxProbeSize)
+                          ? DecodeStatus::short_or_long
+                          : decode({buf.data(), size_t(n)}, cfg_.key, &pr);
+    if (st == DecodeStatus::bad_tag) {
+      ctr_.dropped_auth++;
+      continue;
+    }
+    if (st != DecodeStatus::ok || rx_ns == 0 || pr.path != rail ||
+        (pr.receiver_id != 0 && pr.receiver_id != self_id_)) {
+      ctr_.dropped_malformed++;
+      continue;
+    }
+    handle(rail, pr, from, ts_.local(rx_ns));
+  }
+}
+
+ProbeEngine::Peer* ProbeEngine::find_peer(uint64_t id, const sockaddr_in& from, int rail) {
+  for (auto& p : peers_)
+    if (p->id == id) return p.get();
+  // A peer known only by address (add_peer from a connection) learns its id here.
+  for (auto& p : peers_)
+    if (!p->id_confirmed && size_t(rail) < p->paths.size() &&
+        p->paths[rail].remote.sin_addr.s_addr == from.sin_addr.s_addr) {
+      p->id = id;
+      return p.get();
+    }
+  return nullptr;
+}
+
+void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx) {
+  Peer* p = find_peer(pr.sender_id, from, rail);
+  if (!p || size_t(rail) >= p->paths.size()) {
+    ctr_.dropped_unknown++;
+    return;
+  }
+  PathState& ps = p->paths[rail];
+  RxPair& slot = ps.rx[pr.seq % kRing];
+  bool too_old = ps.rx_any && pr.seq + kRing <= ps.rx_max;
+  if (too_old || (slot.seq == pr.seq && slot.rx[pr.idx] != 0)) {
+    ctr_.dropped_replay++;
+    return;
+  }
+  p->id_confirmed = true;
+  if (slot.seq != pr.seq) slot = RxPair{pr.seq, {0, 0}};
+  slot.rx[pr.idx] = rx;
+  ps.rx_max = ps.rx_any ? std::max(ps.rx_max, pr.seq) : pr.seq;
+  ps.rx_any = true;
+  ps.rx_count++;
+  ps.view.on_received(rx, pr.seq);
+  const ClockModel& m = p->est.model();
+
+  // Reverse sample: the peer's send stamps of its previous pair and our receive stamps.
+  if (pr.fu_seq != kNoSeq && (!ps.rev_any || pr.fu_seq > ps.last_rev)) {
+    const RxPair& r = ps.rx[pr.fu_seq % kRing];
+    if (r.seq == pr.fu_seq) {
+      ps.last_rev = pr.fu_seq;
+      ps.rev_any = true;
+      if (r.rx[0]) {
+        p->naive_r = r.rx[0] - pr.fu_tx0;
+        p->naive_r_t = r.rx[0];
+        p->have_r = true;
+      }
+      if (auto d = p->filter.accept({pr.fu_tx0, pr.fu_tx1, r.rx[0], r.rx[1]})) {
+        p->est.add_reverse({r.rx[0], *d});
+        if (m.valid) ps.view.add_delay(rx, false, double(*d) + m.offset_at(r.rx[0]));
+      }
+    }
+  }
+  // Forward samples: the peer's receive stamps of our pairs, oldest first.
+  int order[kMaxFeedback] = {0, 1};
+  if (pr.n_feedback == 2 && pr.feedback[1].seq < pr.feedback[0].seq) std::swap(order[0], order[1]);
+  for (int k = 0; k < kMaxFeedback; k++) {
+    if (order[k] >= pr.n_feedback) continue;
+    const Feedback& f = pr.feedback[order[k]];
+    if (f.seq == kNoSeq || (ps.fwd_any && f.seq <= ps.last_fwd)) continue;
+    const TxPair& t = ps.tx[f.seq % kRing];
+    if (t.seq != f.seq || !t.tx[0] || !t.tx[1]) continue;
+    ps.last_fwd = f.seq;
+    ps.fwd_any = true;
+    ps.view.on_feedback(rx, f.rx_count, f.seq);
+    if (f.rx0) {
+      p->naive_f = f.rx0 - t.tx[0];
+      p->naive_f_t = t.tx[0];
+      p->have_f = true;
+    }
+    if (auto d = p->filter.accept({t.tx[0], t.tx[1], f.rx0, f.rx1})) {
+      p->est.add_forward({t.tx[0], *d});
+      if (m.valid) ps.view.add_delay(rx, true, double(*d) - m.offset_at(t.tx[0]));
+    }
+  }
+  // Gossip about hosts we also probe.
+  for (int k = 0; k < pr.n_gossip; k++) {
+    const Gossip& g = pr.gossip[k];
+    if (g.peer_id == self_id_ || g.peer_id == p->id) continue;
+    auto it = std::find_if(p->heard.begin(), p->heard.end(), [&](const Heard& h) { return h.id == g.peer_id; });
+    if (it == p->heard.end()) {
+      if (p->heard.size() >= size_t(cfg_.max_peers)) continue;
+      it = p->heard.insert(p->heard.end(), Heard{});
+    }
+    *it = Heard{g.peer_id, double(g.offset_ns), double(g.drift_ps_s) * 1e-12, double(g.bound_ns),
+                pr.tx_app_ns, rx};
+  }
+}
+
+void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
+  for (auto& p : peers_) {
+    p->est.tick(now);
+    for (size_t r = 0; r < p->paths.size(); r++)
+      if (p->paths[r].view.update_liveness(now, cfg_.dead_ns))
+        events->push_back({p->name, int(r), p->paths[r].view.alive(), now});
+  }
+  if (now - last_loop_ >= kLoopEvery) {
+    last_loop_ = now;
+    correct_loops(now);
+    publish(now);
+  }
+  if (now - last_phc_ >= 1'000'000'000) {
+    last_phc_ = now;
+    for (auto& s : socks_) s->refresh_phc();
+  }
+}
+
+void ProbeEngine::correct_loops(int64_t now) {
+  // Hosts: 0 = us, 1.. = peers. Edges: our direct estimates, and the peers'
+  // gossiped estimates between two of our peers (both ends' views averaged,
+  // since they come from the same probes and are not independent).
+  int n = int(peers_.size()) + 1;
+  std::vector<Edge> edges;
+  std::map<std::pair<int, int>, std::pair<Edge, int>> between;
+  for (int i = 0; i < int(peers_.size()); i++) {
+    const Peer& p = *peers_[i];
+    const ClockModel& m = p.est.model();
+    if (m.valid) edges.push_back({0, i + 1, m.offset_at(now), std::max(1.0, m.bound_at(now))});
+    if (!m.valid) continue;
+    for (const Heard& h : p.heard) {
+      int j = -1;
+      for (int k = 0; k < int(peers_.size()); k++)
+        if (peers_[k]->id == h.id) j = k;
+      if (j < 0 || j == i || now - h.local_rx > 2'000'000'000) continue;
+      // The sender's clock now is ours plus its offset.
+      double elapsed = double(now) + m.offset_at(now) - double(h.sender_time);
+      Edge e{i + 1, j + 1, h.offset_ns + h.drift * elapsed,
+             std::max(1.0, h.bound_ns + 1e-7 * std::fabs(elapsed))};
+      auto key = std::make_pair(std::min(i, j), std::max(i, j));
+      auto it = between.find(key);
+      if (it == between.end()) {
+        between[key] = {e, 1};
+      } else {
+        Edge& a = it->second.first;
+        double off = e.from == a.from ? e.offset_ns : -e.offset_ns;
+        a.offset_ns = (a.offset_ns + off) / 2;
+        a.bound_ns = std::min(a.bound_ns, e.bound_ns);
+        it->second.second++;
+      }
+    }
+  }
+  for (auto& [k, v] : between) edges.push_back(v.first);
+  LoopSolution sol;
+  bool ok = solve_loops(n, 0, edges, &sol);
+  for (int i = 0; i < int(peers_.size()); i++) {
+    Peer& p = *peers_[i];
+    p.corr_valid = ok && p.est.model().valid && std::isfinite(sol.bound_ns[i + 1]);
+    if (!p.corr_valid) continue;
+    p.corr_offset = sol.offset_ns[i + 1];
+    // Never claim more than the direct estimate can be off by.
+    p.corr_bound = std::min(sol.bound_ns[i + 1], p.est.model().bound_at(now));
+    p.corr_at = now;
+  }
+}
+
+PeerClock ProbeEngine::clock_of(const Peer& p, int64_t now) const {
+  PeerClock c;
+  const ClockModel& m = p.est.model();
+  c.at = now;
+  if (p.have_f && p.have_r && std::llabs(p.naive_f_t - p.naive_r_t) < 2 * cfg_.interval_ns) {
+    c.naive_valid = true;
+    c.naive_offset_ns = double(p.naive_f - p.naive_r) / 2;
+  }
+  if (!m.valid) return c;
+  c.valid = true;
+  c.direct_offset_ns = m.offset_at(now);
+  c.direct_bound_ns = m.bound_at(now);
+  c.drift_ppb = m.drift * 1e9;
+  c.half_rtt_ns = m.half_rtt_ns;
+  c.age_ns = double(now - m.t_ref);
+  c.offset_ns = c.direct_offset_ns;
+  c.bound_ns = c.direct_bound_ns;
+  if (p.corr_valid) {
+    // The correction was computed at corr_at; carry it forward with the drift.
+    double dt = double(now - p.corr_at);
+    c.offset_ns = p.corr_offset + m.drift * dt;
+    c.bound_ns = p.corr_bound + m.bound_rate * std::max(0.0, dt);
+  }
+  return c;
+}
+
+void ProbeEngine::publish(int64_t now) {
+  if (!shm_) return;
+  for (int i = 0; i < int(peers_.size()); i++) {
+    const Peer& p = *peers_[i];
+    PeerClock c = clock_of(p, now);
+    PublishedClock pc;
+    pc.peer_id = p.id;
+    pc.name = p.name;
+    pc.t_ref = now;
+    pc.offset_ns = c.offset_ns;
+    pc.drift = c.drift_ppb * 1e-9;
+    pc.bound_ns = c.bound_ns;
+    pc.bound_rate = p.est.model().bound_rate;
+    pc.updated = now;
+    pc.valid = c.valid;
+    shm_->pub.publish(i, pc);
+  }
+}
+
+std::vector<PeerReport> ProbeEngine::report() const {
+  std::lock_guard lk(mu_);
+  int64_t now = ts_.now();
+  std::vector<PeerReport> out;
+  for (auto& p : peers_) {
+    PeerReport r;
+    r.name = p->name;
+    r.id = p->id;
+    r.clock = clock_of(*p, now);
+    for (auto& ps : p->paths) r.paths.push_back(ps.view.stats(now));
+    r.pairs_kept = p->filter.accepted();
+    r.pairs_dropped = p->filter.rejected();
+    r.steps = p->est.steps_detected();
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::optional<PeerClock> ProbeEngine::clock(std::string_view peer) const {
+  std::lock_guard lk(mu_);
+  for (auto& p : peers_)
+    if (p->name == peer) return clock_of(*p, ts_.now());
+  return std::nullopt;
+}
+
+std::optional<PathStats> ProbeEngine::path(std::string_view peer, int rail) const {
+  std::lock_guard lk(mu_);
+  for (auto& p : peers_)
+    if (p->name == peer && rail >= 0 && size_t(rail) < p->paths.size())
+      return p->paths[rail].view.stats(ts_.now());
+  return std::nullopt;
+}
+
+EngineCounters ProbeEngine::counters() const {
+  std::lock_guard lk(mu_);
+  return ctr_;
+}
+
+StampMode ProbeEngine::stamp_mode() const {
+  StampMode m = StampMode::hardware;
+  for (auto& s : socks_) m = std::min(m, s->mode());
+  return socks_.empty() ? StampMode::user : m;
+}
+
+}  // namespace shunt::clocksync

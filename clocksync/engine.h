@@ -1,0 +1,162 @@
+// The probe engine: one per host, its own thread, no globals. It sends a
+// coded probe pair every interval on every path (local rail n -> the peer's
+// n-th address), estimates each peer's clock from the kernel timestamps,
+// corrects the estimates over loops of hosts, publishes them in shared
+// memory, and keeps per-path delay, loss and liveness for failover and
+// steering.
+//
+// Protocol (see wire.h): every probe carries the sender's kernel send stamps
+// of its previous pair on that path (follow-up) and the receive stamps of the
+// receiver's latest pairs (feedback), so both ends see both directions' one-
+// way delays without any extra message. Feedback also proves the path works
+// both ways, which is what liveness is based on.
+//
+// Embedding: construct with an EngineConfig (engine_config_from() builds one
+// from the SHUNT_* variables), add_peer() for every host to probe (now or
+// later, from any thread), start(), then read report()/clock()/path() or
+// register on_path_change(). stop() (or the destructor) joins the thread.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "clocksync/estimator.h"
+#include "clocksync/path_view.h"
+#include "clocksync/probe_socket.h"
+#include "clocksync/test_clock.h"
+#include "clocksync/wire.h"
+
+namespace shunt {
+class Config;
+}
+
+namespace shunt::clocksync {
+
+struct PeerSpec {
+  std::string name;                // the name the peer calls itself (its SHUNT_PROBE_NAME)
+  std::vector<std::string> addrs;  // IPv4, one per rail, in rail order
+};
+
+struct EngineConfig {
+  std::string name;                     // this host in the mesh
+  std::vector<std::string> local_addrs; // rails, in order
+  uint16_t port = 7471;
+  int64_t interval_ns = 100'000'000;
+  int64_t dead_ns = 250'000'000;
+  int64_t pair_tol_ns = 2'000;
+  Key key{};
+  TestClockSpec test_clock;             // identity unless testing
+  std::string shm_name;                 // empty: do not publish
+  bool want_hw = true;                  // use hardware stamps where the NIC has them
+  EstimatorParams est;
+  int max_peers = 256;
+};
+
+// From the SHUNT_* configuration; also parses SHUNT_PEERS into `peers`.
+bool engine_config_from(const Config& c, EngineConfig* out, std::vector<PeerSpec>* peers,
+                        std::string* err);
+// "NAME=ADDR[,ADDR] NAME=..." (also ';' between entries).
+bool parse_peers(std::string_view text, std::vector<PeerSpec>* out, std::string* err);
+// A host's 64-bit id in probes: keyed by nothing, derived from its name.
+uint64_t node_id(std::string_view name);
+
+struct PeerClock {
+  bool valid = false;
+  int64_t at = 0;            // local ns the numbers below hold for
+  double offset_ns = 0;      // peer clock minus ours, loop-corrected where loops exist
+  double bound_ns = 0;
+  double direct_offset_ns = 0, direct_bound_ns = 0;  // from this pair's probes alone
+  double drift_ppb = 0;
+  double half_rtt_ns = 0;
+  double age_ns = 0;         // since the newest data in the model (holdover age)
+  bool naive_valid = false;
+  double naive_offset_ns = 0;  // NTP-style: (latest forward - latest reverse) / 2
+};
+
+struct PeerReport {
+  std::string name;
+  uint64_t id = 0;
+  PeerClock clock;
+  std::vector<PathStats> paths;  // index = rail
+  uint64_t pairs_kept = 0, pairs_dropped = 0, steps = 0;
+};
+
+struct PathEvent {
+  std::string peer;
+  int path = 0;
+  bool alive = false;
+  int64_t at = 0;  // local ns
+};
+
+struct EngineCounters {
+  uint64_t sent = 0, received = 0;
+  uint64_t dropped_malformed = 0, dropped_auth = 0, dropped_unknown = 0, dropped_replay = 0;
+  uint64_t send_errors = 0, tx_stamps = 0;
+  uint64_t bytes_sent = 0;  // probe datagrams including IPv4 and UDP headers
+};
+
+class ProbeEngine {
+ public:
+  explicit ProbeEngine(EngineConfig cfg);
+  ~ProbeEngine();
+  ProbeEngine(const ProbeEngine&) = delete;
+  ProbeEngine& operator=(const ProbeEngine&) = delete;
+
+  bool start(std::string* err);  // opens the rails' sockets, starts the thread
+  void stop();
+  // Adds a peer (thread-safe, any time). A known name or address merges.
+  void add_peer(const PeerSpec& p);
+  // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
+  void set_probing(bool on) { probing_.store(on); }
+  // Called from the engine thread on every liveness change; keep it short.
+  void on_path_change(std::function<void(const PathEvent&)> cb);
+
+  std::vector<PeerReport> report() const;
+  std::optional<PeerClock> clock(std::string_view peer) const;
+  std::optional<PathStats> path(std::string_view peer, int rail) const;
+  EngineCounters counters() const;
+  StampMode stamp_mode() const;
+  const TimeSource& time() const { return ts_; }
+  const EngineConfig& config() const { return cfg_; }
+
+  struct Peer;  // engine.cc
+
+ private:
+  void run();
+  void send_due(int64_t now);
+  void send_pair(Peer& p, int rail, int64_t now);
+  void receive(int rail);
+  void handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
+  void tick(int64_t now, std::vector<PathEvent>* events);
+  void correct_loops(int64_t now);
+  void publish(int64_t now);
+  Peer* find_peer(uint64_t id, const sockaddr_in& from, int rail);
+  PeerClock clock_of(const Peer& p, int64_t now) const;
+
+  EngineConfig cfg_;
+  TimeSource ts_;
+  uint64_t self_id_;
+  std::vector<std::unique_ptr<ProbeSocket>> socks_;
+  struct Pending;
+  std::vector<std::vector<Pending>> pending_;  // per rail: send id -> probe
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  EngineCounters ctr_;
+  std::function<void(const PathEvent&)> path_cb_;
+  std::mutex cb_mu_;
+  std::atomic<bool> stop_{false}, probing_{true};
+  std::thread thread_;
+  int64_t last_loop_ = 0, last_phc_ = 0;
+  uint64_t seq_base_;
+  struct Shm;
+  std::unique_ptr<Shm> shm_;
+};
+
+}  // namespace shunt::clocksync

@@ -1,0 +1,41 @@
+// EngineConfig from the SHUNT_* variables (params.def, clocksync section).
+#include <unistd.h>
+
+#include "clocksync/engine.h"
+#include "interpose/core/config.h"
+
+namespace shunt::clocksync {
+
+bool engine_config_from(const Config& c, EngineConfig* out, std::vector<PeerSpec>* peers,
+                        std::string* err) {
+  EngineConfig e;
+  int pid = int(getpid());
+  e.name = expand_pattern(c.str(Param::probe_name), pid);
+  std::string_view addrs = c.str(Param::probe_addrs);
+  while (!addrs.empty()) {
+    auto comma = addrs.find(',');
+    std::string a(addrs.substr(0, comma));
+    if (!a.empty()) e.local_addrs.push_back(a);
+    addrs = comma == std::string_view::npos ? std::string_view{} : addrs.substr(comma + 1);
+  }
+  e.port = uint16_t(c.num(Param::probe_port));
+  e.interval_ns = c.num(Param::probe_interval_ms) * 1'000'000;
+  e.dead_ns = c.num(Param::path_dead_ms) * 1'000'000;
+  e.pair_tol_ns = c.num(Param::probe_pair_tol_ns);
+  e.key = derive_probe_key(c.str(Param::job_key));
+  auto tc = parse_test_clock(c.str(Param::test_clock), err);
+  if (!tc) {
+    if (err) *err = "SHUNT_TEST_CLOCK: " + *err;
+    return false;
+  }
+  e.test_clock = *tc;
+  e.shm_name = expand_pattern(c.str(Param::clock_shm), pid);
+  if (peers && !parse_peers(c.str(Param::peers), peers, err)) {
+    if (err) *err = "SHUNT_PEERS: " + *err;
+    return false;
+  }
+  *out = std::move(e);
+  return true;
+}
+
+}  // namespace shunt::clocksync

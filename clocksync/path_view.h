@@ -1,0 +1,63 @@
+// What the probes say about one path (local rail -> the peer's matching
+// address): one-way delay quantiles over a sliding window, probe loss, and
+// liveness. A path is dead when, for `dead_ns`, either no authenticated probe
+// arrived from the peer on it or the peer's feedback showed none of ours
+// arriving (so a one-way failure kills it too). It is alive again on the
+// first probe that proves both directions.
+#pragma once
+#include <array>
+#include <cstdint>
+
+namespace shunt::clocksync {
+
+struct PathStats {
+  bool alive = false;
+  double fwd_p50_ns = -1, fwd_p99_ns = -1;  // us -> peer; -1 until the clock model exists
+  double rev_p50_ns = -1, rev_p99_ns = -1;  // peer -> us
+  double fwd_loss = 0, rev_loss = 0;        // fraction of probes lost in the window
+  uint64_t sent = 0, received = 0;          // probes, since start
+  int64_t last_heard_ns = 0;                // local time of the last proof of life
+  uint32_t delay_samples = 0;
+};
+
+class PathView {
+ public:
+  static constexpr int kRing = 256;
+  explicit PathView(int64_t window_ns = 10'000'000'000) : window_(window_ns) {}
+
+  void on_sent(int64_t now, uint64_t pair_seq);  // after a pair left
+  void on_received(int64_t now, uint64_t pair_seq);  // a probe of the peer's arrived
+  // The peer's cumulative count of our probes and the newest pair it saw.
+  void on_feedback(int64_t now, uint32_t rx_count, uint64_t pair_seq);
+  void add_delay(int64_t now, bool forward, double owd_ns);
+  // Re-evaluates liveness; returns true when it changed.
+  bool update_liveness(int64_t now, int64_t dead_ns);
+  PathStats stats(int64_t now) const;
+  bool alive() const { return alive_; }
+
+ private:
+  struct Delay {
+    int64_t t;
+    float owd;
+  };
+  struct Count {
+    int64_t t;
+    uint64_t sent_upto;  // our probes with pair seq <= the fed-back seq
+    uint32_t rx;
+  };
+  int64_t window_;
+  std::array<Delay, kRing> fwd_{}, rev_{};
+  int nf_ = 0, nr_ = 0, hf_ = 0, hr_ = 0;
+  std::array<Count, 64> fb_{};
+  int nfb_ = 0, hfb_ = 0;
+  uint64_t first_seq_ = ~0ull, sent_ = 0;
+  uint64_t rx_ = 0, peer_first_seq_ = ~0ull, peer_last_seq_ = 0;
+  // Reverse loss over the window: (time, peer seq, received so far).
+  std::array<Count, 64> rc_{};
+  int nrc_ = 0, hrc_ = 0;
+  int64_t last_rx_ = 0, last_fb_progress_ = 0;
+  uint32_t last_fb_count_ = 0;
+  bool alive_ = false;
+};
+
+}  // namespace shunt::clocksync

@@ -1,0 +1,212 @@
+#include "clocksync/probe_socket.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <linux/errqueue.h>
+#include <linux/ethtool.h>
+#include <linux/net_tstamp.h>
+#include <linux/sockios.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "clocksync/phc.h"
+
+namespace shunt::clocksync {
+
+const char* to_string(StampMode m) {
+  switch (m) {
+    case StampMode::user: return "user";
+    case StampMode::software: return "software";
+    case StampMode::hardware: return "hardware";
+  }
+  return "?";
+}
+
+bool parse_ipv4(const std::string& addr, uint16_t port, sockaddr_in* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->sin_family = AF_INET;
+  out->sin_port = htons(port);
+  return inet_pton(AF_INET, addr.c_str(), &out->sin_addr) == 1;
+}
+
+namespace {
+
+int64_t realtime_now() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string ifname_of(const in_addr& a) {
+  ifaddrs* ifs = nullptr;
+  std::string name;
+  if (getifaddrs(&ifs) != 0) return name;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.s_addr) {
+      name = i->ifa_name;
+      break;
+    }
+  freeifaddrs(ifs);
+  return name;
+}
+
+// The PHC index if the interface stamps both directions in hardware, else -1.
+int hw_phc_index(int fd, const std::string& ifname) {
+  ethtool_ts_info info{};
+  info.cmd = ETHTOOL_GET_TS_INFO;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&info);
+  if (ioctl(fd, SIOCETHTOOL, &ifr) != 0) return -1;
+  const uint32_t need = SOF_TIMESTAMPING_TX_HARDWARE | SOF_TIMESTAMPING_RX_HARDWARE |
+                        SOF_TIMESTAMPING_RAW_HARDWARE;
+  if ((info.so_timestamping & need) != need || info.phc_index < 0) return -1;
+  if (!(info.tx_types & (1u << HWTSTAMP_TX_ON))) return -1;
+  return info.phc_index;
+}
+
+bool enable_hw(int fd, const std::string& ifname) {
+  hwtstamp_config cfg{};
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&cfg);
+  // Keep an existing configuration (e.g. ptp4l's) if it already stamps what we need.
+  if (ioctl(fd, SIOCGHWTSTAMP, &ifr) == 0 && cfg.tx_type == HWTSTAMP_TX_ON &&
+      cfg.rx_filter == HWTSTAMP_FILTER_ALL)
+    return true;
+  cfg = {};
+  cfg.tx_type = HWTSTAMP_TX_ON;
+  cfg.rx_filter = HWTSTAMP_FILTER_ALL;
+  return ioctl(fd, SIOCSHWTSTAMP, &ifr) == 0 && cfg.rx_filter != HWTSTAMP_FILTER_NONE;
+}
+
+}  // namespace
+
+ProbeSocket::ProbeSocket() = default;
+
+ProbeSocket::~ProbeSocket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool ProbeSocket::open(const std::string& addr, uint16_t port, bool want_hw, std::string* err) {
+  sockaddr_in sa;
+  if (!parse_ipv4(addr, port, &sa)) {
+    if (err) *err = "not an IPv4 address: " + addr;
+    return false;
+  }
+  fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) {
+    if (err) *err = std::string("socket: ") + strerror(errno);
+    return false;
+  }
+  int one = 1;
+  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    if (err) *err = "bind " + addr + ":" + std::to_string(port) + ": " + strerror(errno);
+    close(fd_);
+    fd_ = -1;
+    return false;
+  }
+  // Probes are the lowest-latency traffic we can make them.
+  int prio = 6;
+  setsockopt(fd_, SOL_SOCKET, SO_PRIORITY, &prio, sizeof(prio));
+  ifname_ = ifname_of(sa.sin_addr);
+
+  uint32_t flags = SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY;
+  int phc = want_hw && !ifname_.empty() ? hw_phc_index(fd_, ifname_) : -1;
+  if (phc >= 0 && enable_hw(fd_, ifname_)) {
+    auto clk = std::make_unique<PhcClock>();
+    std::string perr;
+    if (clk->open(phc, &perr)) {
+      phc_ = std::move(clk);
+      flags |= SOF_TIMESTAMPING_TX_HARDWARE | SOF_TIMESTAMPING_RX_HARDWARE |
+               SOF_TIMESTAMPING_RAW_HARDWARE;
+      mode_ = StampMode::hardware;
+    }
+  }
+  if (mode_ != StampMode::hardware)
+    flags |= SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+  if (setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof(flags)) == 0) {
+    if (mode_ != StampMode::hardware) mode_ = StampMode::software;
+  } else {
+    mode_ = StampMode::user;
+    phc_.reset();
+  }
+  next_id_ = 0;
+  return true;
+}
+
+int64_t ProbeSocket::send(const sockaddr_in& to, std::span<const uint8_t> data) {
+  ssize_t n = sendto(fd_, data.data(), data.size(), 0, reinterpret_cast<const sockaddr*>(&to),
+                     sizeof(to));
+  if (n != ssize_t(data.size())) return -1;
+  return next_id_++;
+}
+
+int64_t ProbeSocket::stamp_from_cmsg(void* mp) const {
+  auto* msg = static_cast<msghdr*>(mp);
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SO_TIMESTAMPING) continue;
+    scm_timestamping ts;
+    std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+    if (mode_ == StampMode::hardware && (ts.ts[2].tv_sec || ts.ts[2].tv_nsec))
+      return phc_->to_system(int64_t(ts.ts[2].tv_sec) * 1'000'000'000 + ts.ts[2].tv_nsec);
+    if (ts.ts[0].tv_sec || ts.ts[0].tv_nsec)
+      return int64_t(ts.ts[0].tv_sec) * 1'000'000'000 + ts.ts[0].tv_nsec;
+  }
+  return 0;
+}
+
+void ProbeSocket::drain_send_stamps(const std::function<void(int64_t, int64_t)>& fn) {
+  for (int i = 0; i < 256; i++) {
+    char ctrl[512];
+    char dummy[64];
+    iovec iov{dummy, sizeof(dummy)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+    if (recvmsg(fd_, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) return;
+    int64_t stamp = stamp_from_cmsg(&msg);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (!((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) ||
+            (c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_RECVERR)))
+        continue;
+      sock_extended_err ee;
+      std::memcpy(&ee, CMSG_DATA(c), sizeof(ee));
+      if (ee.ee_errno == ENOMSG && ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING && stamp)
+        fn(int64_t(ee.ee_data), stamp);
+    }
+  }
+}
+
+ssize_t ProbeSocket::recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx_ns) {
+  char ctrl[512];
+  iovec iov{buf.data(), buf.size()};
+  msghdr msg{};
+  msg.msg_name = from;
+  msg.msg_namelen = sizeof(*from);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  ssize_t n = recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_TRUNC);
+  if (n < 0) return -1;
+  *rx_ns = mode_ == StampMode::user ? realtime_now() : stamp_from_cmsg(&msg);
+  if (msg.msg_flags & MSG_TRUNC) return ssize_t(buf.size()) + 1;  // oversized: the parser rejects it
+  return n;
+}
+
+void ProbeSocket::refresh_phc() {
+  if (phc_) phc_->refresh();
+}
+
+}  // namespace shunt::clocksync

@@ -1,0 +1,58 @@
+// One UDP socket per rail with kernel timestamps (SO_TIMESTAMPING).
+// Send stamps come back on the error queue, tagged with the kernel's
+// per-socket datagram counter (SOF_TIMESTAMPING_OPT_ID), which send() mirrors
+// so the caller can match them. Hardware stamps are used when the rail's NIC
+// reports them (ETHTOOL_GET_TS_INFO) and its PHC (/dev/ptpN) can be read to
+// map them onto the system clock; otherwise software stamps; with neither,
+// user-space clock reads (worst, but still a working engine).
+#pragma once
+#include <netinet/in.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace shunt::clocksync {
+
+enum class StampMode { user, software, hardware };
+const char* to_string(StampMode m);
+
+class PhcClock;
+
+class ProbeSocket {
+ public:
+  ProbeSocket();
+  ~ProbeSocket();
+  ProbeSocket(const ProbeSocket&) = delete;
+  ProbeSocket& operator=(const ProbeSocket&) = delete;
+
+  // Binds addr:port; `want_hw` allows hardware stamps if the NIC has them.
+  bool open(const std::string& addr, uint16_t port, bool want_hw, std::string* err);
+  int fd() const { return fd_; }
+  StampMode mode() const { return mode_; }
+  const std::string& ifname() const { return ifname_; }
+
+  // Sends one datagram; returns the id its send stamp will carry, or -1.
+  int64_t send(const sockaddr_in& to, std::span<const uint8_t> data);
+  // Delivers every queued send stamp as (id, kernel CLOCK_REALTIME ns).
+  void drain_send_stamps(const std::function<void(int64_t id, int64_t ns)>& fn);
+  // Receives one datagram; rx_ns is the kernel CLOCK_REALTIME receive stamp
+  // (0 if none came). Returns the length, or -1 when nothing is waiting.
+  ssize_t recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx_ns);
+  // Refreshes the PHC-to-system mapping (hardware mode; call about once a second).
+  void refresh_phc();
+
+ private:
+  int64_t stamp_from_cmsg(void* msghdr_ptr) const;
+  int fd_ = -1;
+  StampMode mode_ = StampMode::user;
+  std::string ifname_;
+  int64_t next_id_ = 0;
+  std::unique_ptr<PhcClock> phc_;
+};
+
+bool parse_ipv4(const std::string& addr, uint16_t port, sockaddr_in* out);
+
+}  // namespace shunt::clocksync
