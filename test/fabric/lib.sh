@@ -1,0 +1,69 @@
+# Sourced by test/fabric/*.sh: brings up one fabric per test file, tears it
+# down on exit, and offers small helpers around shunt-fabric.
+set -u
+ROOT=${SHUNT_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
+FABRIC=$ROOT/tools/shunt-fabric
+NAME=t$$
+TMP=$(mktemp -d)
+
+skip() { echo "$*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+note() { echo "--- $*"; }
+fab() { "$FABRIC" --name "$NAME" "$@"; }
+
+cleanup() {
+  rc=$?
+  "$FABRIC" --name "$NAME" down >/dev/null 2>&1
+  rm -rf "$TMP"
+  exit $rc
+}
+
+need_root() {
+  [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
+  ip netns add "sf-probe-$$" 2>/dev/null || skip "cannot create network namespaces"
+  ip netns del "sf-probe-$$"
+}
+
+need_guests() {
+  need_root
+  command -v qemu-system-x86_64 >/dev/null || skip "no qemu-system-x86_64 (make deps)"
+  [ -c /dev/net/tun ] || skip "no /dev/net/tun"
+  for c in ib_write_bw ibv_rc_pingpong fi_pingpong rdma; do
+    command -v $c >/dev/null || skip "no $c (make deps)"
+  done
+  "$ROOT/tools/guest/build-guest" "${BUILD:-$ROOT/build}/guest" >/dev/null 2>&1 ||
+    skip "cannot build the guest kernel (make deps)"
+  export SHUNT_FABRIC_GUEST=${BUILD:-$ROOT/build}/guest
+  case $SHUNT_FABRIC_GUEST in /*) ;; *) SHUNT_FABRIC_GUEST=$ROOT/$SHUNT_FABRIC_GUEST ;; esac
+}
+
+up() {
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  local t0=$SECONDS
+  fab up "$@" || fail "shunt-fabric up $*"
+  note "up in $((SECONDS - t0))s"
+}
+
+snap() { fab counters --json > "$TMP/$1"; }
+
+# delta SNAP_A SNAP_B LINK FIELD -> counter difference
+delta() {
+  python3 - "$TMP/$1" "$TMP/$2" "$3" "$4" <<'EOF'
+import json, sys
+a, b = (json.load(open(p))["links"][sys.argv[3]] for p in sys.argv[1:3])
+print(b[sys.argv[4]] - a[sys.argv[4]])
+EOF
+}
+
+# gexec HOST CMD...: a command on a guest, bounded in time
+gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
+
+# wait_port HOST PORT: until something listens on TCP PORT on HOST
+wait_port() {
+  fab exec "$1" -- sh -c "for i in \$(seq 300); do ss -ltn | grep -q ':$2 ' && exit 0; sleep 0.1; done; exit 1" ||
+    fail "nothing listens on $1:$2"
+}
+
+# bw_avg FILE: BW average (MB/s) from ib_write_bw output
+bw_avg() { awk '$1 ~ /^[0-9]+$/ && NF >= 5 { v = $4 } END { print v + 0 }' "$1"; }
