@@ -56,20 +56,23 @@ const char* qp_type_name(ibv_qp_type t) {
 }
 
 json qp_stats(const verbs::QpStats& s) {
+  using verbs::HotCounters;
+  using verbs::total;
   json wrs = json::object(), errs = json::object();
   for (int op = 0; op < verbs::kWrOpcodes; op++)
-    if (uint64_t n = verbs::get(s.send_wrs[op])) wrs[verbs::wr_opcode_name(op)] = n;
+    if (uint64_t n = total(s, [op](const HotCounters& h) -> auto& { return h.send_wrs[op]; }))
+      wrs[verbs::wr_opcode_name(op)] = n;
   for (int st = 1; st < verbs::kWcStatuses; st++)
     if (uint64_t n = verbs::get(s.wc_status[st]))
       errs[ibv_wc_status_str(static_cast<ibv_wc_status>(st))] = n;
   return {{"send_wrs", wrs},
-          {"send_bytes", verbs::get(s.send_bytes)},
+          {"send_bytes", total(s, [](const HotCounters& h) -> auto& { return h.send_bytes; })},
           {"send_post_errors", verbs::get(s.send_post_errors)},
-          {"recv_wrs", verbs::get(s.recv_wrs)},
+          {"recv_wrs", total(s, [](const HotCounters& h) -> auto& { return h.recv_wrs; })},
           {"recv_post_errors", verbs::get(s.recv_post_errors)},
-          {"completions", verbs::get(s.completions)},
-          {"recv_completions", verbs::get(s.recv_completions)},
-          {"recv_bytes", verbs::get(s.recv_bytes)},
+          {"completions", total(s, [](const HotCounters& h) -> auto& { return h.completions; })},
+          {"recv_completions", total(s, [](const HotCounters& h) -> auto& { return h.recv_completions; })},
+          {"recv_bytes", total(s, [](const HotCounters& h) -> auto& { return h.recv_bytes; })},
           {"errors", errs}};
 }
 

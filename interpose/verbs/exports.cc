@@ -27,11 +27,10 @@ inline bool acting() {
   return current_mode() != Mode::off && !in_shunt();
 }
 
-void patch_opened(ibv_context* ctx, const char* how) {
+void patch_opened(ibv_context* ctx) {
   if (!ctx) return;
   ReentryGuard g;
-  const char* name = ctx->device ? ibv_get_device_name(ctx->device) : "?";
-  if (verbs::patch_context(ctx, name)) log::debug("{}: {} patched", how, name);
+  verbs::on_open(ctx, ctx->device ? ibv_get_device_name(ctx->device) : "?");
 }
 }  // namespace
 
@@ -51,7 +50,7 @@ __attribute__((visibility("default"))) ibv_context* ibv_open_device(ibv_device* 
   ibv_context* ctx = SHUNT_REAL(ibv_open_device, "IBVERBS_1.1")(dev);
   if (act) {
     verbs::count_call(Call::ibv_open_device);
-    patch_opened(ctx, "ibv_open_device");
+    patch_opened(ctx);
   }
   return ctx;
 }
@@ -61,7 +60,7 @@ __attribute__((visibility("default"))) ibv_context* ibv_import_device(int cmd_fd
   ibv_context* ctx = SHUNT_REAL(ibv_import_device, "IBVERBS_1.10")(cmd_fd);
   if (act) {
     verbs::count_call(Call::ibv_import_device);
-    patch_opened(ctx, "ibv_import_device");
+    patch_opened(ctx);
   }
   return ctx;
 }
@@ -132,10 +131,8 @@ __attribute__((visibility("default"))) ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_
   ibv_qp* qp = SHUNT_REAL(ibv_create_qp, "IBVERBS_1.1")(pd, attr);
   if (act) {
     verbs::count_call(Call::ibv_create_qp);
-    if (qp) {
-      ReentryGuard g;
-      verbs::track_qp(qp, false);
-    }
+    ReentryGuard g;
+    verbs::on_create_qp(qp, false);
   }
   return qp;
 }

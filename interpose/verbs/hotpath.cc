@@ -1,20 +1,45 @@
 // The patched ctx->ops entries. They run on every WR and completion, so:
-// no lock, no allocation, no logging; one table lookup and a few relaxed
-// counter adds, then the provider's own function.
+// no lock, no allocation, no logging, no locked instruction in the common
+// case; a cached or lock-free lookup and a few counter adds, then the
+// provider's own function.
 #include "interpose/verbs/registry.h"
 
 namespace shunt::verbs {
 
 namespace {
+std::atomic<int> g_next_shard{0};
+__attribute__((tls_model("initial-exec"))) thread_local int tl_shard = -1;
+
+// One-entry cache of the last QP this thread posted to. g_qp_generation
+// moves on every destroy, so a cached record of a destroyed QP (whose
+// address may come back for a new one) is never used.
+struct QpCache {
+  const ibv_qp* qp = nullptr;
+  uint64_t gen = 0;
+  QpRecord* rec = nullptr;
+};
+__attribute__((tls_model("initial-exec"))) thread_local QpCache tl_qp;
+
+inline QpRecord* lookup_qp(const ibv_qp* qp) {
+  uint64_t gen = qp_generation();
+  if (tl_qp.qp == qp && tl_qp.gen == gen) return tl_qp.rec;
+  QpRecord* r = find_qp(qp);
+  tl_qp = {qp, gen, r};
+  return r;
+}
+
 inline QpStats& stats_for(QpRecord* r, ContextRecord* c) { return r ? r->s : c->untracked; }
 
 void count_send(QpStats& s, const ibv_send_wr* wr, const ibv_send_wr* stop) {
+  int sh = thread_shard();
+  bool ex = sh < kShards;
+  HotCounters& h = s.hot[sh];
   uint64_t bytes = 0;
   for (; wr && wr != stop; wr = wr->next) {
-    add(s.send_wrs[static_cast<unsigned>(wr->opcode) & (kWrOpcodes - 1)], 1);
+    bump(h.send_wrs[static_cast<unsigned>(wr->opcode) & (kWrOpcodes - 1)], 1, ex);
     for (int i = 0; i < wr->num_sge; i++) bytes += wr->sg_list[i].length;
   }
-  if (bytes) add(s.send_bytes, bytes);
+  bump(h.send_bytes, bytes, ex);
 }
 
 uint64_t count_recv(const ibv_recv_wr* wr, const ibv_recv_wr* stop) {
@@ -24,8 +49,18 @@ uint64_t count_recv(const ibv_recv_wr* wr, const ibv_recv_wr* stop) {
 }
 }  // namespace
 
+int thread_shard() {
+  int s = tl_shard;
+  if (__builtin_expect(s < 0, 0)) {
+    s = g_next_shard.fetch_add(1, std::memory_order_relaxed);
+    if (s > kShards) s = kShards;
+    tl_shard = s;
+  }
+  return s;
+}
+
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-  QpRecord* r = find_qp(qp);
+  QpRecord* r = lookup_qp(qp);
   ContextRecord* c = r ? r->ctx : find_context(qp->context);
   int ret = c->orig.post_send(qp, wr, bad);
   QpStats& s = stats_for(r, c);
@@ -35,11 +70,12 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 }
 
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  QpRecord* r = find_qp(qp);
+  QpRecord* r = lookup_qp(qp);
   ContextRecord* c = r ? r->ctx : find_context(qp->context);
   int ret = c->orig.post_recv(qp, wr, bad);
   QpStats& s = stats_for(r, c);
-  add(s.recv_wrs, count_recv(wr, ret ? *bad : nullptr));
+  int sh = thread_shard();
+  bump(s.hot[sh].recv_wrs, count_recv(wr, ret ? *bad : nullptr), sh < kShards);
   if (ret) add(s.recv_post_errors, 1);
   return ret;
 }
@@ -54,6 +90,9 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
   ContextRecord* c = find_context(cq->context);
   int got = c->orig.poll_cq(cq, n, wc);
+  if (got <= 0) return got;
+  int sh = thread_shard();
+  bool ex = sh < kShards;
   QpRecord* r = nullptr;
   uint32_t last_qpn = UINT32_MAX;
   for (int i = 0; i < got; i++) {
@@ -63,12 +102,13 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
       last_qpn = w.qp_num;
     }
     QpStats& s = stats_for(r, c);
-    add(s.completions, 1);
+    HotCounters& h = s.hot[sh];
+    bump(h.completions, 1, ex);
     if (w.status != IBV_WC_SUCCESS) {
       add(s.wc_status[static_cast<unsigned>(w.status) & (kWcStatuses - 1)], 1);
     } else if (w.opcode & IBV_WC_RECV) {
-      add(s.recv_completions, 1);
-      add(s.recv_bytes, w.byte_len);
+      bump(h.recv_completions, 1, ex);
+      bump(h.recv_bytes, w.byte_len, ex);
     }
   }
   return got;

@@ -113,6 +113,15 @@ void unpatch_context(ibv_context* ctx) {
   }
 }
 
+void on_open(ibv_context* ctx, const char* device) {
+  if (!ctx || current_mode() == Mode::off) return;
+  if (patch_context(ctx, device)) log::debug("{}: context patched", device);
+}
+
+void on_create_qp(ibv_qp* qp, bool extended) {
+  if (qp && current_mode() != Mode::off) track_qp(qp, extended);
+}
+
 QpRecord* track_qp(ibv_qp* qp, bool extended) {
   ContextRecord* c = find_context(qp->context);
   if (!c) return nullptr;
@@ -140,9 +149,15 @@ QpRecord* track_qp(ibv_qp* qp, bool extended) {
   return r;
 }
 
+namespace {
+std::atomic<uint64_t> g_qp_gen{0};
+}
+uint64_t qp_generation() { return g_qp_gen.load(std::memory_order_acquire); }
+
 void untrack_qp(ibv_qp* qp) {
   QpRecord* r = find_qp(qp);
   if (!r) return;
+  g_qp_gen.fetch_add(1, std::memory_order_acq_rel);
   g_by_ptr.erase(reinterpret_cast<uint64_t>(qp));
   g_by_num.erase(num_key(r->ctx, r->qpn));
   r->destroyed.store(true);

@@ -51,10 +51,17 @@ bool patch_context(ibv_context* ctx, const char* device);
 void unpatch_context(ibv_context* ctx);
 ContextRecord* find_context(const ibv_context* ctx);
 
+// What the exported ibv_open_device/ibv_import_device and ibv_create_qp do
+// after the real call: act according to the mode in force (off: nothing).
+void on_open(ibv_context* ctx, const char* device);
+void on_create_qp(ibv_qp* qp, bool extended);
+
 QpRecord* track_qp(ibv_qp* qp, bool extended);
 void untrack_qp(ibv_qp* qp);      // before the real destroy
 void retrack_qp(ibv_qp* qp);      // the real destroy failed
 QpRecord* find_qp(const ibv_qp* qp);
+// Moves on every QP destroy; lets the hot path cache lookups safely.
+uint64_t qp_generation();
 QpRecord* find_qp_by_num(const ContextRecord* c, uint32_t qpn);
 
 // Visits every QP record ever made (live and destroyed), under the lock.

@@ -7,13 +7,16 @@
 
 #include <cstring>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "interpose/verbs/registry.h"
 
 using namespace shunt::verbs;
 
 namespace {
-int g_sends, g_recvs, g_polls, g_notifies, g_srq_recvs;
+std::atomic<int> g_sends;
+int g_recvs, g_polls, g_notifies, g_srq_recvs;
 int g_fail_at = -1;  // post_send fails at this WR index
 ibv_wc g_wcs[8];
 int g_nwcs;
@@ -69,6 +72,11 @@ struct FakeDevice {
   }
 };
 
+template <typename F>
+uint64_t hot(const QpStats& s, F f) {
+  return total(s, f);
+}
+
 ibv_send_wr write_wr(ibv_sge* sge, ibv_send_wr* next = nullptr) {
   ibv_send_wr wr{};
   wr.opcode = IBV_WR_RDMA_WRITE;
@@ -93,16 +101,16 @@ TEST(HotPath, InlinePostSendReachesPatchedOpsThenProvider) {
   ibv_send_wr* bad = nullptr;
   EXPECT_EQ(ibv_post_send(&d->qp, &first, &bad), 0);  // the inline from verbs.h
   EXPECT_EQ(g_sends, 2);
-  EXPECT_EQ(get(r->s.send_wrs[IBV_WR_RDMA_WRITE]), 1u);
-  EXPECT_EQ(get(r->s.send_wrs[IBV_WR_SEND]), 1u);
-  EXPECT_EQ(get(r->s.send_bytes), 4196u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_wrs[IBV_WR_RDMA_WRITE]; }), 1u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_wrs[IBV_WR_SEND]; }), 1u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_bytes; }), 4196u);
 
   unpatch_context(d->ctx);
   EXPECT_EQ(d->ctx->ops.post_send, fake_post_send);
   EXPECT_EQ(d->ctx->ops.poll_cq, fake_poll_cq);
   EXPECT_EQ(d->vctx.create_qp_ex, fake_create_qp_ex);
   EXPECT_EQ(ibv_post_send(&d->qp, &first, &bad), 0);
-  EXPECT_EQ(get(r->s.send_bytes), 4196u) << "an unpatched context is not counted";
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_bytes; }), 4196u) << "an unpatched context is not counted";
   untrack_qp(&d->qp);
 }
 
@@ -116,8 +124,8 @@ TEST(HotPath, FailedPostCountsOnlyWrsBeforeBadWr) {
   g_fail_at = 1;
   EXPECT_EQ(ibv_post_send(&d->qp, &a, &bad), ENOMEM);
   EXPECT_EQ(bad, &b) << "the provider's bad_wr reaches the application";
-  EXPECT_EQ(get(r->s.send_wrs[IBV_WR_RDMA_WRITE]), 1u);
-  EXPECT_EQ(get(r->s.send_bytes), 10u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_wrs[IBV_WR_RDMA_WRITE]; }), 1u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_bytes; }), 10u);
   EXPECT_EQ(get(r->s.send_post_errors), 1u);
   untrack_qp(&d->qp);
   unpatch_context(d->ctx);
@@ -139,9 +147,9 @@ TEST(HotPath, PollCqCountsCompletionsErrorsAndReceivedBytesPerQp) {
   EXPECT_EQ(out[3].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(out[2].wr_id, 9u) << "completions reach the application unchanged";
   EXPECT_EQ(g_polls, 1);
-  EXPECT_EQ(get(r->s.completions), 4u);
-  EXPECT_EQ(get(r->s.recv_completions), 2u);
-  EXPECT_EQ(get(r->s.recv_bytes), 1536u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.completions; }), 4u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.recv_completions; }), 2u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.recv_bytes; }), 1536u);
   EXPECT_EQ(get(r->s.wc_status[IBV_WC_RETRY_EXC_ERR]), 1u);
   // Batch semantics: asking for fewer returns fewer.
   EXPECT_EQ(ibv_poll_cq(&d->cq, 2, out), 2);
@@ -158,7 +166,7 @@ TEST(HotPath, RecvNotifyAndSrqReachProvider) {
   ibv_recv_wr* bad = nullptr;
   EXPECT_EQ(ibv_post_recv(&d->qp, &w1, &bad), 0);
   EXPECT_EQ(g_recvs, 2);
-  EXPECT_EQ(get(r->s.recv_wrs), 2u);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.recv_wrs; }), 2u);
   EXPECT_EQ(ibv_req_notify_cq(&d->cq, 0), 0);
   EXPECT_EQ(g_notifies, 1);
   EXPECT_EQ(ibv_post_srq_recv(&d->srq, &w1, &bad), 0);
@@ -178,7 +186,7 @@ TEST(HotPath, QpCreatedBehindShuntsBackIsCountedPerDevice) {
   ibv_send_wr* bad = nullptr;
   EXPECT_EQ(ibv_post_send(&d->qp, &wr, &bad), 0);
   EXPECT_EQ(g_sends, 1);
-  EXPECT_EQ(get(find_context(d->ctx)->untracked.send_bytes), 64u);
+  EXPECT_EQ(hot(find_context(d->ctx)->untracked, [](const HotCounters& h) -> auto& { return h.send_bytes; }), 64u);
   unpatch_context(d->ctx);
 }
 
@@ -202,5 +210,26 @@ TEST(HotPath, DestroyedQpNumberNoLongerMatches) {
   EXPECT_EQ(find_qp_by_num(c, 107), nullptr);
   EXPECT_EQ(find_qp(&d->qp), nullptr);
   EXPECT_TRUE(r->destroyed.load());
+  unpatch_context(d->ctx);
+}
+
+TEST(HotPath, CountsStayExactWithMoreThreadsThanShards) {
+  auto d = std::make_unique<FakeDevice>(108);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  QpRecord* r = track_qp(&d->qp, false);
+  constexpr int kThreads = kShards * 2 + 3, kPosts = 20000;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; t++)
+    ts.emplace_back([&] {
+      ibv_sge sge{0, 3, 0};
+      ibv_send_wr wr = write_wr(&sge);
+      ibv_send_wr* bad = nullptr;
+      for (int i = 0; i < kPosts; i++) ibv_post_send(&d->qp, &wr, &bad);
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_wrs[IBV_WR_RDMA_WRITE]; }),
+            uint64_t{kThreads} * kPosts);
+  EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_bytes; }), uint64_t{kThreads} * kPosts * 3);
+  untrack_qp(&d->qp);
   unpatch_context(d->ctx);
 }

@@ -1,0 +1,77 @@
+// Cost of one WR (and one completion) through the ops table, as the inline
+// ibv_post_send/ibv_poll_cq of verbs.h make it, into a trivial provider:
+// unpatched, with shunt in off mode (the context goes through shunt's open
+// path and stays unpatched) and in observe mode (patched, counted).
+#include <benchmark/benchmark.h>
+#include <infiniband/verbs.h>
+
+#include <memory>
+
+#include "interpose/core/runtime.h"
+#include "interpose/verbs/registry.h"
+
+namespace {
+__attribute__((noinline)) int provider_post_send(ibv_qp*, ibv_send_wr* wr, ibv_send_wr**) {
+  benchmark::DoNotOptimize(wr);
+  return 0;
+}
+__attribute__((noinline)) int provider_poll_cq(ibv_cq*, int n, ibv_wc* wc) {
+  wc[0].qp_num = 77;
+  wc[0].status = IBV_WC_SUCCESS;
+  wc[0].opcode = IBV_WC_RDMA_WRITE;
+  benchmark::DoNotOptimize(wc);
+  return n > 0 ? 1 : 0;
+}
+
+struct Device {
+  verbs_context vctx{};
+  ibv_qp qp{};
+  ibv_cq cq{};
+  explicit Device(shunt::Mode mode) {
+    vctx.sz = sizeof vctx;
+    ibv_context* ctx = &vctx.context;
+    ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    ctx->ops.post_send = provider_post_send;
+    ctx->ops.poll_cq = provider_poll_cq;
+    qp.context = ctx;
+    qp.qp_num = 77;
+    qp.qp_type = IBV_QPT_RC;
+    cq.context = ctx;
+    // What ibv_open_device/ibv_create_qp do under the preload.
+    shunt::g_mode.store(static_cast<int>(mode));
+    shunt::verbs::on_open(ctx, "bench0");
+    shunt::verbs::on_create_qp(&qp, false);
+  }
+  ~Device() {
+    shunt::verbs::untrack_qp(&qp);
+    shunt::verbs::unpatch_context(&vctx.context);
+  }
+};
+
+void post_send(benchmark::State& st, shunt::Mode mode, bool bypass) {
+  auto d = std::make_unique<Device>(mode);
+  if (bypass) shunt::verbs::unpatch_context(&d->vctx.context);
+  ibv_sge sge{0x1000, 4096, 1};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad = nullptr;
+  for (auto _ : st) benchmark::DoNotOptimize(ibv_post_send(&d->qp, &wr, &bad));
+}
+
+void poll_cq(benchmark::State& st, shunt::Mode mode, bool bypass) {
+  auto d = std::make_unique<Device>(mode);
+  if (bypass) shunt::verbs::unpatch_context(&d->vctx.context);
+  ibv_wc wc[4];
+  for (auto _ : st) benchmark::DoNotOptimize(ibv_poll_cq(&d->cq, 4, wc));
+}
+}  // namespace
+
+BENCHMARK_CAPTURE(post_send, unpatched, shunt::Mode::observe, true);
+BENCHMARK_CAPTURE(post_send, off, shunt::Mode::off, false);
+BENCHMARK_CAPTURE(post_send, observe, shunt::Mode::observe, false);
+BENCHMARK_CAPTURE(poll_cq, unpatched, shunt::Mode::observe, true);
+BENCHMARK_CAPTURE(poll_cq, off, shunt::Mode::off, false);
+BENCHMARK_CAPTURE(poll_cq, observe, shunt::Mode::observe, false);
+BENCHMARK_MAIN();
