@@ -116,7 +116,8 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   app.add_option("--timeline-file", o->timeline_file, "also write the timeline rows to FILE");
   app.add_option("--plot", o->plot_file, "draw the timeline to FILE.png or FILE.svg (needs --timeline)");
   std::vector<std::string> marks;
-  app.add_option("--mark", marks, "mark T:LABEL (seconds since start) or @EPOCH:LABEL on the plot");
+  app.add_option("--mark", marks, "mark T:LABEL (seconds since start) or @EPOCH:LABEL on the plot")
+      ->allow_extra_args(false);
   app.add_option("--marks-file", o->marks_file, "more marks, one per line, read when plotting");
   app.add_option("--label", o->label, "name of this run in JSON and plots");
   app.add_flag("-q,--quiet", o->quiet, "no live timeline rows");
@@ -126,7 +127,7 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   plot->add_option("inputs", p->inputs, "JSON files")->required()->check(CLI::ExistingFile);
   plot->add_option("-o,--output", p->out, "FILE.png or FILE.svg")->required();
   plot->add_option("--title", p->title, "plot title");
-  plot->add_option("--mark", p->marks, "T:LABEL or @EPOCH:LABEL");
+  plot->add_option("--mark", p->marks, "T:LABEL or @EPOCH:LABEL")->allow_extra_args(false);
   plot->add_option("--marks-file", p->marks_file, "marks, one per line");
 
   CLI::App* scen = app.add_subcommand("scenario", "run a fault scenario without and with libshunt");

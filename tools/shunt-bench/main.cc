@@ -135,7 +135,10 @@ int main(int argc, char** argv) {
       case Command::scenario: return run_scenario(argv[0], s);
     }
   } catch (const BenchError& e) {
-    fprintf(stderr, "shunt-bench: rank %d: error: %s\n", o.rank, e.what());
+    if (cmd == Command::bench && o.rank >= 0)
+      fprintf(stderr, "shunt-bench: rank %d: error: %s\n", o.rank, e.what());
+    else
+      fprintf(stderr, "shunt-bench: error: %s\n", e.what());
     return kExitError;
   } catch (const std::exception& e) {
     fprintf(stderr, "shunt-bench: error: %s\n", e.what());

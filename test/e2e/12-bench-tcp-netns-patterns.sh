@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# timeout: 120
+# Ranks on two "hosts" (network namespaces joined by a veth pair, created
+# and deleted here): alltoall, ring allreduce and sendrecv at 4 ranks, every
+# byte checked; allreduce busbw = algbw * 2(n-1)/n, sendrecv busbw = algbw.
+set -u
+. "$(dirname "$0")/bench-lib.sh"
+[ "$(id -u)" = 0 ] || { echo "needs root for network namespaces"; exit 77; }
+A=sbt-$$-a B=sbt-$$-b
+ns_cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; bench_cleanup; }
+trap ns_cleanup EXIT
+ip netns add $A && ip netns add $B || { echo "cannot create namespaces"; exit 77; }
+ip -n $A link add v0 type veth peer name v1 netns $B || fail "veth"
+ip -n $A addr add 10.213.0.1/24 dev v0 && ip -n $B addr add 10.213.0.2/24 dev v1
+for ns in $A $B; do ip -n $ns link set lo up; done
+ip -n $A link set v0 up && ip -n $B link set v1 up
+netns_of() { [ $(($1 % 2)) = 0 ] && echo $A || echo $B; }  # ranks alternate hosts
+BOOT_HOST=10.213.0.1
+
+for pat in alltoall allreduce sendrecv; do
+  out=$WORK/$pat.out
+  run_ranks 4 "$out" --transport tcp -p $pat -b 4K -e 1M -f 16 -n 4 -w 1 -c 1 ||
+    { cat "$out" "$WORK"/*.log "$WORK"/rank0.err; fail "$pat exited $?"; }
+  cat "$out"
+  expect_wrong "$out" 0
+  grep -q 'tcp 10.213.0.2:' "$out" || fail "$pat: no rank listened in the second namespace"
+  case $pat in
+    alltoall) f=0.75 type=uint8 op=none ;;
+    allreduce) f=1.5 type=float op=sum ;;
+    sendrecv) f=1 type=uint8 op=none ;;
+  esac
+  rows "$out" | awk -v f=$f -v t=$type -v op=$op '{ d = $8 - $7 * f; if (d < 0) d = -d;
+      if ($3 != t || $4 != op || d > 0.0015) { print "bad: " $0; bad = 1 } } END { exit bad }' ||
+    fail "$pat: type/redop/busbw"
+done
+echo ok
