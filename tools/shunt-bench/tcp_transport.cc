@@ -118,7 +118,7 @@ class TcpTransport final : public Transport {
 
   [[noreturn]] void fail(const char* op, int peer, int err) {
     prog_.errors.fetch_add(1, std::memory_order_relaxed);
-    std::string who = peer >= 0 ? " to rank " + std::to_string(peer) : "";
+    std::string who = peer < 0 ? "" : (std::strcmp(op, "recv") == 0 ? " from rank " : " to rank ") + std::to_string(peer);
     throw BenchError(std::string("tcp ") + op + who + " failed: " +
                      (err ? errno_text(err) : std::string("connection closed by peer")));
   }
