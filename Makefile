@@ -62,8 +62,13 @@ UNIT_BIN    := $(BUILD)/test/unit_tests
 MICRO_SRCS  := $(wildcard bench/micro/*.cc)
 MICRO_BIN   := $(BUILD)/bench/micro
 
-.PHONY: all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
-all: $(SHUNT_SO) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS)
+# Manual pages: man/*.N are installed as they are; man/*.N.in get their
+# variable list from the registry (shuntctl config --man), so it cannot drift.
+MAN_STATIC  := $(wildcard man/*.[1-9])
+MAN_GEN     := $(patsubst man/%.in,$(BUILD)/man/%,$(wildcard man/*.in))
+
+.PHONY: readme-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
+all: $(SHUNT_SO) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
 
 -include mk/*.mk
 
@@ -100,6 +105,11 @@ $(BUILD)/bin/%: $$(subst .cc,.o,$$(addprefix $(BUILD)/obj/,$$(wildcard tools/$$*
 $(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/%
 	@mkdir -p $(dir $@)
 	install -m 0755 $< $@
+
+$(BUILD)/man/%: man/%.in $(BUILD)/bin/shuntctl
+	@mkdir -p $(dir $@)
+	$(BUILD)/bin/shuntctl config --man > $@.env
+	sed -e '/@ENVIRONMENT@/{r $@.env' -e 'd}' $< > $@ && rm -f $@.env
 
 # ---------------------------------------------------------------- examples
 $(BUILD)/examples/%: examples/%.c
@@ -159,8 +169,14 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/shunt $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(SHUNT_SO) $(DESTDIR)$(PREFIX)/lib/shunt/libshunt.so
 	for b in $(TOOL_BINS) $(TOOL_SCRIPTS); do install -m 0755 $$b $(DESTDIR)$(PREFIX)/bin/; done
-	for p in man/*.[0-9]; do s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s; \
+	for p in $(MAN_STATIC) $(MAN_GEN); do s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s; \
 	  install -m 0644 $$p $(DESTDIR)$(PREFIX)/share/man/man$$s/; done
+
+# Rewrites the README's configuration table from the registry.
+readme-table: $(BUILD)/bin/shuntctl
+	$(BUILD)/bin/shuntctl config --markdown > $(BUILD)/config-table.md
+	python3 -c 'import sys,re; r=open("README.md").read(); t=open(sys.argv[1]).read(); \
+	  open("README.md","w").write(re.sub(r"(<!-- config:begin -->\n).*?(<!-- config:end -->)", lambda m: m.group(1)+t+m.group(2), r, flags=re.S))' $(BUILD)/config-table.md
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c')

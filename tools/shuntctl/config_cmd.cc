@@ -45,6 +45,8 @@ std::string roff(std::string s) {
     else out += c;
   }
   if (!out.empty() && (out[0] == '.' || out[0] == '\'')) out = "\\&" + out;
+  // mdoc wants each sentence on its own line.
+  for (size_t p = 0; (p = out.find(". ", p)) != std::string::npos;) out.replace(p, 2, ".\n"), p += 2;
   return out;
 }
 }  // namespace
@@ -71,7 +73,8 @@ int print_config(std::ostream& out, ConfigFormat fmt) {
     case ConfigFormat::markdown:
       out << "| variable | default | allowed | meaning |\n|---|---|---|---|\n";
       for (auto& s : specs)
-        out << "| `" << s.name << "` | `" << s.def << "` | " << allowed(s) << " | " << s.help << " |\n";
+        out << "| `" << s.name << "` | " << (*s.def ? "`" + std::string(s.def) + "`" : "(empty)") << " | "
+            << allowed(s) << " | " << s.help << " |\n";
       break;
     case ConfigFormat::man:
       for (auto& s : specs) {
