@@ -110,10 +110,13 @@ bool OffsetEstimator::holding_for_step() {
     if (it->t / p_.window_ns == id) r = &*it;
   if (!f || !r) return false;
   last_checked_ = id;
-  double th = (double(f->d) - double(r->d) - model_.drift * double(r->t - f->t)) / 2;
-  double res = th - model_.offset_at(f->t);
+  // Queueing only ever raises a window's minimum; a minimum well *below* the
+  // fitted envelope in either direction can only be a clock step.
+  double D = model_.half_rtt_ns;
+  double below_f = (D + model_.offset_at(f->t)) - double(f->d);
+  double below_r = (D - model_.offset_at(r->t)) - double(r->d);
   double limit = std::max(p_.step_min_ns, 8 * rms_);
-  if (std::fabs(res) <= limit) {
+  if (std::max(below_f, below_r) <= limit) {
     outliers_ = 0;
     return false;
   }
@@ -143,13 +146,17 @@ void OffsetEstimator::refit() {
   std::vector<WindowResidual> wr;
   window_residuals(t0, fit.a + c, fit.b, c, &wr);
   if (int(wr.size()) < p_.min_windows) return;
-  double s2 = 0, tm = 0;
+  // Robust spread: windows whose minimum was queued in one direction are far
+  // off and say nothing about the envelope (the fit ignores them too).
+  std::vector<double> absr;
+  double tm = 0;
   for (auto& w : wr) {
-    s2 += w.res * w.res;
+    absr.push_back(std::fabs(w.res));
     tm += double(w.t_mid - t0);
   }
   double n = double(wr.size());
-  rms_ = std::sqrt(s2 / n);
+  std::nth_element(absr.begin(), absr.begin() + absr.size() / 2, absr.end());
+  rms_ = 1.4826 * absr[absr.size() / 2];
   tm /= n;
   double stt = 0;
   for (auto& w : wr) stt += (double(w.t_mid - t0) - tm) * (double(w.t_mid - t0) - tm);
@@ -159,7 +166,9 @@ void OffsetEstimator::refit() {
   m.t_ref = t0;
   m.offset_ns = fit.a + c;
   m.drift = fit.b;
-  m.bound_ns = p_.bound_floor_ns + 3 * rms_ / std::sqrt(n);
+  // Not divided by sqrt(n): on real hosts the window errors share causes
+  // (scheduling, stamp placement) and do not average out.
+  m.bound_ns = p_.bound_floor_ns + 3 * rms_;
   double sigma_b = stt > 0 ? rms_ / std::sqrt(stt) : 1e-6;
   m.bound_rate = 3 * sigma_b + p_.wander_rate;
   m.half_rtt_ns = fit.half_gap;

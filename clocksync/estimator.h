@@ -15,8 +15,8 @@
 //
 // Error bound: the spread of the per-window estimates around the fitted line
 // (a window with both directions' minima gives theta_k = (m_f - m_r) / 2)
-// says how well-defined the envelope is; the bound is a floor plus 3 sigma
-// over the square root of the number of windows, and grows in holdover with
+// says how well-defined the envelope is; the bound is a floor plus 3 robust sigma
+// (window errors on real hosts share causes and do not average out), growing in holdover with
 // the drift uncertainty and an allowance for oscillator wander.
 // A step in either clock shows as consecutive windows far off the line: the
 // history before the step is dropped.
@@ -49,12 +49,12 @@ struct ClockModel {
 
 struct EstimatorParams {
   int64_t window_ns = 500'000'000;  // envelope window
-  int max_windows = 32;             // fit span: 16 s at the default window
+  int max_windows = 20;             // fit span: 10 s at the default window
   int min_windows = 3;              // windows with both directions before a model is valid
-  double bound_floor_ns = 50;       // software stamp resolution and the like
+  double bound_floor_ns = 200;      // software stamps: where in the stack each side stamps
   double wander_rate = 20e-9;       // holdover allowance for frequency wander (20 ppb)
   int step_windows = 3;             // consecutive outliers that mean a clock step
-  double step_min_ns = 20'000;      // an outlier is at least this far off (and 8 sigma)
+  double step_min_ns = 10'000;      // a minimum this far below the envelope (and 8 sigma) is a step
 };
 
 class OffsetEstimator {

@@ -101,7 +101,7 @@ TEST(ClocksyncEstimator, ConvergesWithDriftAndExponentialQueueing) {
     Stats s = many(sc, 60, 20);
     EXPECT_LT(s.p99, 300) << "drift " << drift;
     EXPECT_GE(s.within_bound, 0.95) << "drift " << drift;
-    EXPECT_LT(s.drift_p99_ppb, 30) << "drift " << drift;
+    EXPECT_LT(s.drift_p99_ppb, 50) << "drift " << drift;
     EXPECT_LT(s.converge_max_s, 5) << "drift " << drift;
   }
 }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# timeout: 120
+# Four hosts (network namespaces, two rails each) behind a router namespace
+# with tbf bottlenecks and on/off UDP cross traffic. Every host runs the probe
+# engine with a virtual test clock of known offset, drift (up to 100 ppm),
+# and wander; every host's estimate of every peer must be within its
+# error bound of the truth. Halfway, host 4's rail 1 goes down: every other
+# host must declare that path dead within 3 probe intervals.
+set -u
+cd "$(dirname "$0")/../.."
+. test/e2e/clocksync_lib.bash
+BIN=${BUILD:-build}/bin/shunt-probe
+[ -x "$BIN" ] || { echo "build $BIN first (make $BIN)"; exit 77; }
+cs_need_root
+trap cs_cleanup EXIT
+OUT=$(mktemp -d /tmp/clocksync-e2e.XXXXXX)
+
+HOSTS=4 RAILS=2 DUR=${CS_DURATION:-20} INTERVAL=100
+cs_mesh $HOSTS $RAILS
+for i in 1 2 3 4; do cs_bottleneck $i 0 200mbit; done
+cs_cross 1 3 0 300M 2 "$DUR" 5201
+cs_cross 2 4 0 300M 3 "$DUR" 5202
+
+EPOCH=$(( $(date +%s%N) ))
+CLOCK[1]="offset=0"
+CLOCK[2]="offset=1500000,drift=80000,wander=200,wander_period=20"
+CLOCK[3]="offset=-3200000,drift=-95000"
+CLOCK[4]="offset=250000,drift=40000"
+export SHUNT_JOB_KEY=clocksync-e2e-secret
+for i in $(seq 1 $HOSTS); do
+  args=()
+  for j in $(seq 1 $HOSTS); do [ "$j" = "$i" ] || args+=(--peer "h$j=$(cs_addrs $j $RAILS)"); done
+  ip netns exec "$(cs_ns h$i)" "$BIN" --name "h$i" --listen "$(cs_addrs $i $RAILS)" "${args[@]}" \
+    --interval-ms $INTERVAL --dead-ms 250 --test-clock "${CLOCK[$i]},epoch=$EPOCH" \
+    --shm "/${CS_PREFIX}h$i" --duration "$DUR" --json "$OUT/h$i.json" --quiet &
+  CS_PIDS+=($!)
+  PROBE_PIDS+=($!)
+done
+sleep $((DUR / 2))
+DEAD_AT=$(date +%s%N)
+ip -n "$(cs_ns rt)" link set h4r1 down
+for p in "${PROBE_PIDS[@]}"; do wait "$p" || { echo "shunt-probe exited with $?"; exit 1; }; done
+
+python3 test/e2e/clocksync_check.py --settle 5 --dead-at "$DEAD_AT" --dead-peer h4 --dead-rail 1 \
+  --dead-within-ms $((3 * INTERVAL)) "$OUT"/h*.json
+rc=$?
+[ $rc = 0 ] && rm -rf "$OUT" || echo "results kept in $OUT"
+exit $rc
