@@ -94,6 +94,7 @@ void write_json(const std::string& path, const Options& o, const Workload& w, in
     for (const auto& x : tl->samples()) samples.push_back({x.wall, x.t, x.bytes, x.gbps, x.errors});
     j["timeline"] = {{"interval_ms", tl->interval_ms()},
                      {"start_wall", tl->start_wall()},
+                     {"sampler_cpu_s", tl->sampler_cpu_s()},
                      {"columns", {"wall_s", "t_s", "bytes", "gbps", "errors"}},
                      {"samples", samples}};
   }

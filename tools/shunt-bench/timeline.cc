@@ -1,5 +1,7 @@
 #include "tools/shunt-bench/timeline.h"
 
+#include <time.h>
+
 #include <chrono>
 
 namespace bench {
@@ -45,6 +47,9 @@ void Timeline::loop() {
     if (stop_.load(std::memory_order_relaxed)) break;
     take(steady_now());
   }
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  sampler_cpu_s_ = ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 void Timeline::take(double now) {

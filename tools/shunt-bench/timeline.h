@@ -33,6 +33,8 @@ class Timeline {
   double start_wall() const { return start_wall_; }
   int interval_ms() const { return interval_ms_; }
   const std::vector<Sample>& samples() const { return samples_; }  // after stop()
+  // CPU time the sampler thread used: an upper bound on what --timeline costs.
+  double sampler_cpu_s() const { return sampler_cpu_s_; }
 
   static void print_header(FILE* out, int interval_ms);
   static void print_row(FILE* out, const Sample& s);
@@ -49,6 +51,7 @@ class Timeline {
   std::vector<Sample> samples_;
   double start_wall_ = 0, start_steady_ = 0, last_steady_ = 0;
   uint64_t last_bytes_ = 0;
+  double sampler_cpu_s_ = 0;
 };
 
 double wall_now();
