@@ -50,7 +50,7 @@ struct EngineConfig {
   uint16_t port = 7471;
   int64_t interval_ns = 100'000'000;
   int64_t dead_ns = 250'000'000;
-  int64_t pair_tol_ns = 3'000;
+  int64_t pair_tol_ns = 10'000;
   Key key{};
   TestClockSpec test_clock;             // identity unless testing
   std::string shm_name;                 // empty: do not publish

@@ -1,5 +1,6 @@
 #include "clocksync/filter.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace shunt::clocksync {
@@ -15,7 +16,9 @@ std::optional<int64_t> PairFilter::accept(const PairStamps& p) {
     return std::nullopt;
   }
   accepted_++;
-  return p.rx0 - p.tx0;
+  // Receive batching (interrupt moderation, NAPI, a softirq run) can hold the
+  // first probe until the second arrives: the less-delayed one is the clean one.
+  return std::min(p.rx0 - p.tx0, p.rx1 - p.tx1);
 }
 
 std::optional<Sample> WindowMin::add(const Sample& s, double slope) {

@@ -6,8 +6,8 @@
 //
 // PairFilter: Huygens' coded probes. Two probes leave back to back; if they
 // arrive with the spacing they left with (within a tolerance), neither met a
-// queue the other did not, and the first is a clean sample. Pairs whose
-// spacing changed saw queueing and are dropped.
+// queue the other did not, and the less delayed of the two is a clean
+// sample. Pairs whose spacing changed saw queueing and are dropped.
 //
 // WindowMin: keeps the lowest sample per fixed window of local time, after
 // removing the current drift estimate (without that, at 100 ppm the trend
@@ -32,7 +32,7 @@ struct PairStamps {
 class PairFilter {
  public:
   explicit PairFilter(int64_t tolerance_ns) : tol_(tolerance_ns) {}
-  // The first probe's delay if the pair kept its spacing; nullopt otherwise.
+  // The pair's lesser delay if it kept its spacing; nullopt otherwise.
   std::optional<int64_t> accept(const PairStamps& p);
   uint64_t accepted() const { return accepted_; }
   uint64_t rejected() const { return rejected_; }

@@ -92,6 +92,11 @@ size_t encode(const Probe& p, const Key& key, std::span<uint8_t> out) {
   return n;
 }
 
+void sign(std::span<uint8_t> d, const Key& key) {
+  init_sodium();
+  if (d.size() >= kTagSize) mac(d.data(), d.size() - kTagSize, key, d.data() + d.size() - kTagSize);
+}
+
 DecodeStatus decode(std::span<const uint8_t> in, const Key& key, Probe* out) {
   init_sodium();
   if (in.size() < kFixedSize + kTagSize || in.size() > kMaxProbeSize) return DecodeStatus::short_or_long;
@@ -125,6 +130,9 @@ DecodeStatus decode(std::span<const uint8_t> in, const Key& key, Probe* out) {
     f.rx1 = r.i64();
     f.rx_count = r.u32();
     if (r.u32() != 0) return DecodeStatus::bad_field;
+    // Unused slots must be empty, so every accepted datagram has one encoding.
+    if (i >= p.n_feedback && (f.seq != kNoSeq || f.rx0 || f.rx1 || f.rx_count))
+      return DecodeStatus::bad_field;
   }
   for (int i = 0; i < p.n_gossip; i++) {
     Gossip& g = p.gossip[i];

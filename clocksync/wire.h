@@ -63,6 +63,9 @@ Key derive_probe_key(std::string_view job_secret);
 // length.
 size_t encode(const Probe& p, const Key& key, std::span<uint8_t> out);
 
+// Writes the tag over the rest of a datagram (its last kTagSize bytes).
+void sign(std::span<uint8_t> datagram, const Key& key);
+
 enum class DecodeStatus { ok, short_or_long, bad_magic, bad_version, bad_field, bad_tag };
 DecodeStatus decode(std::span<const uint8_t> in, const Key& key, Probe* out);
 const char* to_string(DecodeStatus s);
