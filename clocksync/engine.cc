@@ -219,7 +219,8 @@ void ProbeEngine::run() {
       for (auto& p : peers_) wait = std::min(wait, p->next_send - now);
     }
     for (size_t i = 0; i < socks_.size(); i++) fds[i] = {socks_[i]->fd(), POLLIN, 0};
-    poll(fds.data(), fds.size(), int(std::max<int64_t>(0, wait) / 1'000'000));
+    // Round up: a sub-ms wait must sleep, not spin.
+    poll(fds.data(), fds.size(), int((std::max<int64_t>(0, wait) + 999'999) / 1'000'000));
     std::lock_guard lk(mu_);
     for (size_t i = 0; i < socks_.size(); i++) {
       if (fds[i].revents & POLLERR) {
