@@ -40,8 +40,13 @@ void write_timeline_file(const std::string& path, const Timeline& tl) {
 // Saves, plots and reports whatever was measured, also after a failure.
 void finish(const Options& o, const Workload& w, int world, RunSummary& sum, Timeline* tl) {
   std::vector<Mark> marks = o.marks;
-  if (!o.marks_file.empty())
-    for (auto& m : read_marks_file(o.marks_file)) marks.push_back(m);
+  if (!o.marks_file.empty()) {
+    try {  // a missing marks file costs the marks, not the results
+      for (auto& m : read_marks_file(o.marks_file)) marks.push_back(m);
+    } catch (const BenchError& e) {
+      fprintf(stderr, "shunt-bench: warning: %s\n", e.what());
+    }
+  }
   print_footer(stdout, o, sum);
   if (!o.json_file.empty()) write_json(o.json_file, o, w, world, sum, tl, marks, o.label);
   if (tl && !o.timeline_file.empty()) write_timeline_file(o.timeline_file, *tl);
@@ -127,6 +132,12 @@ int main(int argc, char** argv) {
   ScenarioArgs s;
   Command cmd = Command::bench;
   try {
+    // Everything after `scenario` belongs to the scenario script.
+    if (argc > 1 && std::string(argv[1]) == "scenario" && argc > 2 && argv[2][0] != '-') {
+      s.name = argv[2];
+      for (int i = 3; i < argc; i++) s.passthrough.push_back(argv[i]);
+      return run_scenario(argv[0], s);
+    }
     int rc = parse_command_line(argc, argv, &o, &p, &s, &cmd);
     if (rc >= 0) return rc;
     switch (cmd) {
