@@ -1,0 +1,156 @@
+// Test clock, pair filter, clock publication and path view.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "clocksync/clock_shm.h"
+#include "clocksync/engine.h"
+#include "clocksync/filter.h"
+#include "clocksync/path_view.h"
+#include "clocksync/test_clock.h"
+
+namespace shunt::clocksync {
+namespace {
+
+TEST(ClocksyncTestClock, ParsesAndAppliesOffsetDriftAndSteps) {
+  std::string err;
+  auto s = parse_test_clock("offset=1000,drift=100000,step=50,step_every=2,epoch=1000000000000", &err);
+  ASSERT_TRUE(s) << err;
+  TimeSource ts(*s);
+  int64_t e = 1'000'000'000'000;
+  EXPECT_EQ(ts.local(e), e + 1000);
+  EXPECT_EQ(ts.local(e + 3'000'000'000), e + 3'000'000'000 + 1000 + 300'000 + 50);
+  EXPECT_FALSE(parse_test_clock("drift=2000000", &err));  // 2000 ppm
+  EXPECT_FALSE(parse_test_clock("offset", &err));
+  EXPECT_FALSE(parse_test_clock("bogus=1", &err));
+  EXPECT_FALSE(TimeSource().virtual_clock());
+}
+
+TEST(ClocksyncPairFilter, KeepsPairsWithUnchangedSpacingOnly) {
+  PairFilter f(1000);
+  EXPECT_EQ(f.accept({100, 3100, 20100, 23200}), 20000);  // spacing 3000 vs 3100
+  EXPECT_FALSE(f.accept({100, 3100, 20100, 43100}));      // second probe queued 20 us
+  EXPECT_FALSE(f.accept({100, 3100, 20100, 0}));          // second lost
+  EXPECT_EQ(f.accept({100, 3100, 20900, 23100}), 20000);  // first held by batching: use second
+  EXPECT_EQ(f.accepted(), 1u + 0u + 1u);
+  EXPECT_EQ(f.rejected(), 2u);
+}
+
+TEST(ClocksyncWindowMin, EmitsTheDetrendedMinimumPerWindow) {
+  WindowMin w(1000);
+  EXPECT_FALSE(w.add({100, 50}, 0));
+  EXPECT_FALSE(w.add({500, 40}, 0));
+  auto out = w.add({1100, 90}, 0);
+  ASSERT_TRUE(out);
+  EXPECT_EQ(out->d, 40);
+  // With a slope of 0.1 ns/ns the later, larger sample is the lower one.
+  WindowMin s(1000);
+  s.add({0, 0}, 0.1);
+  s.add({900, 50}, 0.1);
+  auto o2 = s.flush(5000);
+  ASSERT_TRUE(o2);
+  EXPECT_EQ(o2->t, 900);
+}
+
+TEST(ClocksyncShm, ReaderSeesPublishedModelsConsistently) {
+  std::string name = "/shunt-clock-test-" + std::to_string(getpid());
+  ClockPublisher pub;
+  std::string err;
+  ASSERT_TRUE(pub.open(name, 77, "me", 4, &err)) << err;
+  PublishedClock c;
+  c.peer_id = 5;
+  c.name = "peer-a";
+  c.valid = true;
+  c.t_ref = 1000;
+  c.offset_ns = 250.5;
+  c.drift = 1e-6;
+  c.bound_ns = 30;
+  c.bound_rate = 1e-8;
+  ASSERT_TRUE(pub.publish(0, c));
+  ClockReader rd;
+  ASSERT_TRUE(rd.open(name, &err)) << err;
+  EXPECT_EQ(rd.self_id(), 77u);
+  auto got = rd.find("peer-a");
+  ASSERT_TRUE(got);
+  EXPECT_DOUBLE_EQ(got->offset_at(2000), 250.5 + 1e-6 * 1000);
+  EXPECT_DOUBLE_EQ(got->bound_at(1'000'001'000), 30 + 10);
+
+  // A writer hammering the entry never lets a reader see a torn model:
+  // every published pair has offset == 2 * bound.
+  c.offset_ns = 0;
+  c.bound_ns = 0;
+  pub.publish(0, c);
+  std::atomic<bool> stop{false};
+  std::thread w([&] {
+    PublishedClock x = c;
+    for (int i = 0; !stop; i++) {
+      x.offset_ns = 2.0 * i;
+      x.bound_ns = i;
+      pub.publish(0, x);
+    }
+  });
+  int torn = 0;
+  for (int i = 0; i < 200000; i++) {
+    auto r = rd.read(0);
+    torn += r && r->offset_ns != 2 * r->bound_ns;
+  }
+  stop = true;
+  w.join();
+  EXPECT_EQ(torn, 0);
+  pub.close(true);
+}
+
+TEST(ClocksyncPathView, DeadAfterSilenceAliveAgainOnProof) {
+  PathView v;
+  const int64_t ms = 1'000'000, dead = 250 * ms;
+  v.on_sent(0, 10);
+  v.on_received(10 * ms, 500);
+  v.on_feedback(10 * ms, 2, 10);
+  EXPECT_TRUE(v.update_liveness(20 * ms, dead));
+  EXPECT_TRUE(v.alive());
+  EXPECT_FALSE(v.update_liveness(200 * ms, dead));
+  EXPECT_TRUE(v.update_liveness(300 * ms, dead));  // 290 ms of silence
+  EXPECT_FALSE(v.alive());
+  // The peer's probes arrive again but show none of ours: still dead.
+  v.on_received(310 * ms, 501);
+  v.on_feedback(310 * ms, 2, 10);
+  EXPECT_FALSE(v.update_liveness(320 * ms, dead));
+  v.on_sent(320 * ms, 11);
+  v.on_feedback(330 * ms, 4, 11);
+  EXPECT_TRUE(v.update_liveness(340 * ms, dead));
+  EXPECT_TRUE(v.alive());
+}
+
+TEST(ClocksyncPathView, LossAndDelayQuantiles) {
+  PathView v;
+  const int64_t ms = 1'000'000;
+  for (int i = 0; i < 100; i++) {
+    v.on_sent(i * 100 * ms, 1000 + i);
+    // The peer got 3 of every 4 of our probes.
+    v.on_feedback(i * 100 * ms + 50 * ms, uint32_t(2 * (i + 1) * 3 / 4), 1000 + i);
+    v.add_delay(i * 100 * ms, true, 10'000 + (i % 10) * 100);
+  }
+  PathStats s = v.stats(100 * 100 * ms);
+  EXPECT_NEAR(s.fwd_loss, 0.25, 0.02);
+  EXPECT_NEAR(s.fwd_p50_ns, 10'400, 101);
+  EXPECT_NEAR(s.fwd_p99_ns, 10'900, 1);
+}
+
+TEST(ClocksyncPeers, ParsesPeerLists) {
+  std::vector<PeerSpec> p;
+  std::string err;
+  ASSERT_TRUE(parse_peers("a=10.0.0.1,10.1.0.1 b=10.0.0.2;c=10.0.0.3", &p, &err)) << err;
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].addrs.size(), 2u);
+  EXPECT_EQ(p[2].name, "c");
+  std::vector<PeerSpec> bad;
+  EXPECT_FALSE(parse_peers("a=300.0.0.1", &bad, &err));
+  EXPECT_FALSE(parse_peers("=10.0.0.1", &bad, &err));
+  EXPECT_NE(node_id("a"), node_id("b"));
+}
+
+}  // namespace
+}  // namespace shunt::clocksync
