@@ -10,9 +10,12 @@
 #   --ranks N     ranks, one guest each (default 2)
 #   --size BYTES  message size (default 1M)
 #   --duration S  seconds per run (default 40)
-#   --fault-at S  seconds after the timeline starts (default 10)
+#   --fault-at S  seconds after the ranks are launched (default 10); set-up
+#                 takes a few seconds, the marks show when it really happened
 #   --fault-for S seconds until the fault is healed (default 10)
 #   --stall S     the benchmark's --stall-timeout (default 15)
+#   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
+#                 (default 6 and 14: rxe treats 7 retries as "forever")
 #   --out DIR     keep JSON, timelines, marks and the plot here (default ./scenario-NAME)
 #   --keep        leave the fabric up afterwards (shunt-fabric --name NAME down)
 # Exit: 0 when both runs were carried out (whatever they measured), 2 when
@@ -21,7 +24,7 @@ set -u
 name=${1:-}
 case $name in link-down|port-down|flap|blackhole) shift ;;
   *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
-transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
+retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
 while [ $# -gt 0 ]; do
   case $1 in
     --transport) transport=$2; shift ;;
@@ -32,6 +35,8 @@ while [ $# -gt 0 ]; do
     --fault-at) fault_at=$2; shift ;;
     --fault-for) fault_for=$2; shift ;;
     --stall) stall=$2; shift ;;
+    --retry-cnt) retry=$2; shift ;;
+    --qp-timeout) qpto=$2; shift ;;
     --out) out=$2; shift ;;
     --keep) keep=1 ;;
     *) echo "shunt-bench-scenario: unknown option $1" >&2; exit 64 ;;
@@ -95,7 +100,7 @@ run_one() {
   : >"$marks"
   local args=(--world "$ranks" --bootstrap "$boot" --transport "$transport" --verb "$verb" -d rxe0
     -b "$size" -e "$size" -w 2 --duration "$duration" --timeline 100 -c 1 --stall-timeout "$stall" -q
-    --seg 64K)  # small work requests: the timeline counts completions
+    --seg 64K --retry-cnt "$retry" --qp-timeout "$qpto")  # small WRs: the timeline counts completions
   for ((r = ranks - 1; r >= 0; r--)); do
     local extra=()
     [ $transport = tcp ] && extra=(--addr "$(fab addr h$((r + 1)) r0)")
@@ -210,6 +215,8 @@ for r in runs:
     col["GB/s after healing"] = fmt(p.get("after"))
     if p.get("fault") is None:
         col["time to recover"] = "-"
+    elif j.get("error"):
+        col["time to recover"] = f"never (failed at {p['end']:.1f} s)"
     elif p.get("recover") is not None:
         col["time to recover"] = fmt(p["recover"], " s", 1)
     else:
