@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "interpose/core/runtime.h"
+#include "interpose/peer/agent.h"
 #include "interpose/socket/fd_table.h"
 
 // Declared by glibc only under _FORTIFY_SOURCE; shunt wraps them always.
@@ -77,6 +78,7 @@ EXPORT int socket(int domain, int type, int protocol) {
     ErrnoKeeper k;
     ReentryGuard g;
     sock::track(fd, domain, Role::unknown);
+    agent::ensure_started();
   }
   return fd;
 }

@@ -6,6 +6,7 @@
 
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
+#include "interpose/peer/agent.h"
 #include "interpose/verbs/table.h"
 
 namespace shunt::verbs {
@@ -116,6 +117,7 @@ void unpatch_context(ibv_context* ctx) {
 void on_open(ibv_context* ctx, const char* device) {
   if (!ctx || current_mode() == Mode::off) return;
   if (patch_context(ctx, device)) log::debug("{}: context patched", device);
+  agent::ensure_started();
 }
 
 void on_create_qp(ibv_qp* qp, bool extended) {

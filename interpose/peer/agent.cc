@@ -1,0 +1,268 @@
+#include "interpose/peer/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
+#include "interpose/peer/control.h"
+#include "telemetry/stats_file.h"
+
+namespace shunt::agent {
+
+void register_builtin_services();  // services.cc
+
+namespace {
+using nlohmann::json;
+
+int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct Client {
+  int fd;
+  std::string buf;
+};
+
+struct State {
+  std::mutex mu;  // registration and start
+  std::map<std::string, Handler> commands;
+  std::vector<Service> services;
+  std::atomic<bool> started{false};
+  std::string dir, sock_path, lock_path;
+  int lock_fd = -1, listen_fd = -1;
+  std::atomic<bool> is_agent{false};
+  json members = json::object();
+  std::vector<Client> clients;
+  int64_t started_ms = 0;
+};
+State& st() {
+  static State* s = new State;  // built on first use: see log.cc
+  return *s;
+}
+
+// Takes the host lock without blocking; on success becomes the agent.
+bool try_lock(State& s) {
+  if (s.lock_fd < 0) s.lock_fd = open(s.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (s.lock_fd < 0 || flock(s.lock_fd, LOCK_EX | LOCK_NB) != 0) return false;
+  // We hold the lock, so any socket file left there is a dead agent's.
+  unlink(s.sock_path.c_str());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", s.sock_path.c_str());
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 64) != 0) {
+    log::warn("host agent: cannot listen on {}: {}", s.sock_path, strerror(errno));
+    if (fd >= 0) ::close(fd);
+    flock(s.lock_fd, LOCK_UN);
+    return false;
+  }
+  chmod(s.sock_path.c_str(), 0666);  // reading needs no privilege; reports are checked by uid
+  s.listen_fd = fd;
+  s.is_agent.store(true);
+  s.started_ms = now_ms();
+  log::info("host agent: serving {}", s.sock_path);
+  for (auto& svc : s.services)
+    if (svc.start) svc.start();
+  return true;
+}
+
+json handle(State& s, const json& req, uid_t peer_uid) {
+  if (!req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
+    return {{"error", "a request is an object with a string \"cmd\""}};
+  std::string cmd = req["cmd"];
+  if (cmd == "report") {
+    if (peer_uid != 0 && peer_uid != getuid()) return {{"error", "reports are taken from this user and root only"}};
+    if (!req.contains("pid") || !req["pid"].is_number_integer() || !req.contains("snapshot"))
+      return {{"error", "report needs pid and snapshot"}};
+    json snap = req["snapshot"];
+    snap["reported_ms"] = now_ms();
+    snap["final"] = req.value("final", false);
+    s.members[std::to_string(req["pid"].get<long>())] = std::move(snap);
+    return {{"ok", true}};
+  }
+  if (cmd == "status") {
+    json m = json::array();
+    for (auto& [pid, snap] : s.members.items())
+      m.push_back({{"pid", std::stol(pid)},
+                   {"mode", snap.value("mode", "")},
+                   {"qps", snap.contains("verbs") ? snap["verbs"]["qps"].size() : 0},
+                   {"sockets", snap.contains("sockets") ? snap["sockets"].size() : 0},
+                   {"exited", snap.value("final", false)},
+                   {"report_age_ms", now_ms() - snap.value("reported_ms", int64_t{0})}});
+    json services = json::array();
+    for (auto& svc : s.services) services.push_back(svc.name);
+    return {{"agent_pid", getpid()}, {"version", SHUNT_VERSION}, {"run_dir", s.dir},
+            {"uptime_ms", now_ms() - s.started_ms}, {"services", services}, {"members", m}};
+  }
+  if (cmd == "members") return {{"members", s.members}};
+  auto it = s.commands.find(cmd);
+  if (it == s.commands.end()) return {{"error", "unknown command " + cmd}};
+  try {
+    return it->second(req);
+  } catch (const std::exception& e) {
+    return {{"error", std::string(cmd) + ": " + e.what()}};
+  }
+}
+
+void serve(State& s, int timeout_ms) {
+  std::vector<pollfd> fds{{s.listen_fd, POLLIN, 0}};
+  for (auto& c : s.clients) fds.push_back({c.fd, POLLIN, 0});
+  if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+  if (fds[0].revents & POLLIN) {
+    for (int c; (c = ::accept4(s.listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;)
+      if (s.clients.size() < 256) s.clients.push_back({c, ""});
+      else ::close(c);
+  }
+  for (size_t i = 1; i < fds.size(); i++) {
+    if (!fds[i].revents) continue;
+    Client& c = s.clients[i - 1];
+    char buf[65536];
+    ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    bool drop = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR);
+    if (r > 0) c.buf.append(buf, static_cast<size_t>(r));
+    size_t nl;
+    while (!drop && (nl = c.buf.find('\n')) != std::string::npos) {
+      std::string line = c.buf.substr(0, nl);
+      c.buf.erase(0, nl + 1);
+      ucred cred{};
+      socklen_t cl = sizeof cred;
+      getsockopt(c.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+      json req = json::parse(line, nullptr, false);
+      json ans = req.is_discarded() ? json{{"error", "malformed JSON"}} : handle(s, req, cred.uid);
+      drop = !peer::write_all(c.fd, ans.dump() + "\n", 1000);
+    }
+    if (c.buf.size() > peer::kMaxLine) {
+      log::warn("host agent: dropped a client sending a line over {} bytes", peer::kMaxLine);
+      drop = true;
+    }
+    if (drop) {
+      ::close(c.fd);
+      c.fd = -1;
+    }
+  }
+  std::erase_if(s.clients, [](const Client& c) { return c.fd < 0; });
+}
+
+void report(State& s, bool final) {
+  json snap = telemetry::stats_json();
+  if (s.is_agent.load()) {
+    snap["reported_ms"] = now_ms();
+    snap["final"] = final;
+    s.members[std::to_string(getpid())] = std::move(snap);
+    return;
+  }
+  std::string err;
+  peer::request(s.sock_path, {{"cmd", "report"}, {"pid", getpid()}, {"final", final}, {"snapshot", snap}},
+                final ? 300 : 1000, &err);
+}
+
+void run() {
+  ReentryGuard g;  // this thread's own sockets are never counted
+  pthread_setname_np(pthread_self(), "shunt-agent");
+  State& s = st();
+  int64_t interval = config().num(Param::report_interval_ms);
+  int64_t next_try = 0, next_report = 0;
+  for (;;) {
+    int64_t now = now_ms();
+    if (!s.is_agent.load() && now >= next_try) {
+      try_lock(s);
+      next_try = now + 500;
+    }
+    if (now >= next_report) {
+      report(s, false);
+      next_report = now + interval;
+    }
+    int wait = static_cast<int>(std::max<int64_t>(1, std::min(next_report, next_try) - now_ms()));
+    if (s.is_agent.load())
+      serve(s, std::min(wait, 100));
+    else
+      poll(nullptr, 0, std::min(wait, 500));
+  }
+}
+
+void at_exit_hook() {
+  State& s = st();
+  // The agent's own entry is kept by its thread; the others send a last one
+  // so the agent's totals include everything they did.
+  if (s.started.load() && !s.is_agent.load()) report(s, true);
+}
+
+void after_fork_child() {
+  // The child has no agent thread. Its copies of the lock and the listening
+  // socket must go (closing a copy never releases the parent's lock); it
+  // starts its own thread on first use like any process.
+  State& s = st();
+  if (s.lock_fd >= 0) ::close(s.lock_fd);
+  if (s.listen_fd >= 0) ::close(s.listen_fd);
+  for (auto& c : s.clients) ::close(c.fd);
+  s.clients.clear();
+  s.lock_fd = s.listen_fd = -1;
+  s.is_agent.store(false);
+  s.started.store(false);
+  s.members = json::object();
+}
+
+struct ForkSafety {
+  ForkSafety() {
+    on_fork([] { st().mu.lock(); }, [] { st().mu.unlock(); },
+            [] {
+              st().mu.unlock();
+              after_fork_child();
+            });
+  }
+} g_fork_safety;
+}  // namespace
+
+void ensure_started() {
+  State& s = st();
+  if (s.started.load(std::memory_order_acquire)) return;
+  if (current_mode() == Mode::off || config().num(Param::agent) != 0) return;
+  register_builtin_services();
+  std::lock_guard lk(s.mu);
+  if (s.started.load()) return;
+  s.started.store(true, std::memory_order_release);
+  ReentryGuard g;
+  s.dir = peer::run_dir(config().str(Param::run_dir));
+  if (s.dir.empty()) {
+    log::once(LogLevel::warn, "run-dir", "no usable run directory (SHUNT_RUN_DIR): no host agent");
+    return;
+  }
+  s.sock_path = s.dir + "/agent.sock";
+  s.lock_path = s.dir + "/agent.lock";
+  at_exit(at_exit_hook);
+  std::thread(run).detach();
+}
+
+bool is_host_agent() { return st().is_agent.load(); }
+std::string socket_path() { return st().sock_path; }
+
+void register_command(const std::string& name, Handler h) {
+  std::lock_guard lk(st().mu);
+  st().commands[name] = std::move(h);
+}
+
+void register_service(Service svc) {
+  std::lock_guard lk(st().mu);
+  st().services.push_back(std::move(svc));
+}
+
+const json& members() { return st().members; }
+
+}  // namespace shunt::agent

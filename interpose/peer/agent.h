@@ -1,0 +1,38 @@
+// The host agent. Every shunt process that uses verbs or TCP starts one
+// small thread ("shunt-agent") on first use. The first to take the lock file
+// in the run directory becomes the host's agent: it serves the control
+// socket (agent.sock) and runs the host's services (the probe engine, the
+// metrics endpoint); the others send it their counters every
+// SHUNT_REPORT_INTERVAL_MS and at exit, and keep trying the lock, so one of
+// them takes over within a second when the agent exits.
+#pragma once
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace shunt::agent {
+
+// Starts this process's agent thread if the mode and SHUNT_AGENT allow it;
+// cheap and idempotent, called from the verbs and socket paths.
+void ensure_started();
+bool is_host_agent();
+std::string socket_path();  // the control socket in force ("" when none)
+
+// A command the host agent serves on its control socket. The handler runs
+// on the agent thread: keep it short. Register before ensure_started().
+using Handler = std::function<nlohmann::json(const nlohmann::json& request)>;
+void register_command(const std::string& name, Handler h);
+
+// A host service: started on the thread that becomes the agent, stopped
+// when the process exits. Register before ensure_started().
+struct Service {
+  std::string name;
+  std::function<void()> start, stop;
+};
+void register_service(Service s);
+
+// What the agent knows of every process on the host: pid -> its latest
+// report (telemetry::stats_json() plus "reported_ms"). Agent thread only.
+const nlohmann::json& members();
+
+}  // namespace shunt::agent

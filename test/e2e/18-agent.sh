@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The first shunt process on a host becomes its agent and the others report
+# to it; when the agent exits another process takes over within a second or
+# two; bad requests and reports from other users are refused without harm.
+# timeout: 60
+. "$(dirname "$0")/../lib.sh"
+export SHUNT_RUN_DIR=$TMP/run SHUNT_MODE=observe SHUNT_REPORT_INTERVAL_MS=200
+mkdir -p "$SHUNT_RUN_DIR"
+ctl() { "$B/bin/shuntctl" "$@"; }
+LD_PRELOAD=$LIB "$B/test/hold_socket" 2500 & a=$!
+sleep 0.5
+LD_PRELOAD=$LIB "$B/test/hold_socket" 8000 & b=$!
+at_exit "kill $a $b 2>/dev/null"
+sleep 1
+ctl status --json > "$TMP/s1" || fail "no agent answers"
+expect_eq "$(jget "$TMP/s1" 'd["agent_pid"]')" "$a" "first process is the agent"
+expect_eq "$(jget "$TMP/s1" 'sorted(m["pid"] for m in d["members"])')" "$(python3 -c "print(sorted([$a, $b]))")" "members"
+ctl status | grep -q "^$b " || fail "plain status lacks member $b"
+
+# Malformed and unknown requests get an error; the agent keeps serving.
+python3 - "$SHUNT_RUN_DIR/agent.sock" <<'PY' || fail "bad requests not answered with errors"
+import json, socket, sys
+for line in [b"{not json\n", b'{"cmd": 5}\n', b'{"cmd": "nope"}\n', b'{"cmd":"report"}\n']:
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(line)
+    ans = json.loads(s.makefile().readline()); s.close()
+    assert "error" in ans, (line, ans)
+    print("refused:", ans["error"])
+PY
+# A report from another user is refused (reports are taken from the agent's user and root).
+if command -v setpriv >/dev/null; then
+  chmod 0755 "$TMP" "$SHUNT_RUN_DIR"
+  setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 -c '
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+s.sendall(json.dumps({"cmd": "report", "pid": 1, "snapshot": {}}).encode() + b"\n")
+ans = json.loads(s.makefile().readline()); sys.exit(0 if "error" in ans else 1)' "$SHUNT_RUN_DIR/agent.sock" \
+    || fail "another user's report was accepted"
+  ok "another user's report refused"
+fi
+ctl status --json > "$TMP/s1b"
+expect_eq "$(jget "$TMP/s1b" 'd["agent_pid"]')" "$a" "agent unharmed"
+
+wait $a
+t0=$(date +%s%N)
+for i in $(seq 1 40); do
+  ctl status --json > "$TMP/s2" 2>/dev/null && [ "$(jget "$TMP/s2" 'd["agent_pid"]')" = "$b" ] && break
+  sleep 0.1
+done
+took=$(( ($(date +%s%N) - t0) / 1000000 ))
+expect_eq "$(jget "$TMP/s2" 'd["agent_pid"]')" "$b" "the other process took over"
+ok "takeover after ${took} ms"
+[ "$took" -lt 3000 ] || fail "takeover took ${took} ms"

@@ -1,0 +1,64 @@
+#include "tools/shuntctl/agent_cmd.h"
+
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "interpose/peer/control.h"
+
+namespace shunt::ctl {
+
+namespace {
+using nlohmann::json;
+
+void print_status(std::ostream& out, const json& a) {
+  out << "agent pid " << a["agent_pid"] << ", shunt " << a["version"].get<std::string>() << ", up "
+      << a["uptime_ms"].get<long>() / 1000 << " s, run dir " << a["run_dir"].get<std::string>() << "\n";
+  out << std::left << std::setw(10) << "pid" << std::setw(10) << "mode" << std::setw(8) << "qps" << std::setw(10)
+      << "sockets" << std::setw(10) << "state" << "last report\n";
+  for (auto& m : a["members"])
+    out << std::setw(10) << m["pid"].get<long>() << std::setw(10) << m["mode"].get<std::string>() << std::setw(8)
+        << m["qps"].get<long>() << std::setw(10) << m["sockets"].get<long>() << std::setw(10)
+        << (m["exited"].get<bool>() ? "exited" : "running") << m["report_age_ms"].get<long>() << " ms ago\n";
+}
+
+void print_peers(std::ostream& out, const json& a) {
+  if (a["peers"].empty()) {
+    out << "no probe peers (set SHUNT_PROBE_ADDRS and SHUNT_PEERS)\n";
+    return;
+  }
+  out << std::left << std::setw(16) << "peer" << std::setw(14) << "offset ns" << std::setw(12) << "bound ns"
+      << std::setw(6) << "rail" << std::setw(7) << "state" << std::setw(14) << "fwd p50 ns" << "fwd loss\n";
+  for (auto& p : a["peers"]) {
+    for (auto& path : p["paths"])
+      out << std::setw(16) << p["peer"].get<std::string>() << std::setw(14) << std::fixed << std::setprecision(0)
+          << p["clock"]["offset_ns"].get<double>() << std::setw(12) << p["clock"]["bound_ns"].get<double>()
+          << std::setw(6) << path["rail"].get<int>() << std::setw(7) << (path["alive"].get<bool>() ? "up" : "DOWN")
+          << std::setw(14) << path["fwd_p50_ns"].get<double>() << std::setprecision(3)
+          << path["fwd_loss"].get<double>() << "\n";
+  }
+}
+}  // namespace
+
+int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
+  const char* rd = getenv("SHUNT_RUN_DIR");
+  std::string dir = peer::run_dir(rd ? rd : "");
+  std::string err;
+  auto ans = peer::request(dir + "/agent.sock", {{"cmd", cmd}}, 3000, &err);
+  if (!ans) {
+    std::cerr << "shuntctl: " << err << " (is a shunt job running on this host? SHUNT_RUN_DIR=" << dir << ")\n";
+    return 2;
+  }
+  if (ans->contains("error")) {
+    std::cerr << "shuntctl: " << (*ans)["error"].get<std::string>() << "\n";
+    return 1;
+  }
+  if (as_json) out << ans->dump(2) << "\n";
+  else if (cmd == "status") print_status(out, *ans);
+  else if (cmd == "peers") print_peers(out, *ans);
+  else out << ans->dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace shunt::ctl
