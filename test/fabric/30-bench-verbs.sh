@@ -3,7 +3,8 @@
 # shunt-bench's verbs transport on real soft-RoCE: alltoall at 2 and 4
 # ranks (one guest per rank), RDMA WRITE with immediate and SEND/RECV,
 # ring allreduce, every received byte checked (#wrong 0); a corrupted run
-# over verbs is detected.
+# over verbs is detected; a link that goes down makes the run fail with
+# IBV_WC_RETRY_EXC_ERR named on the error line and exit 2.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$ROOT/${BUILD:-build}/bin/shunt-bench
@@ -57,4 +58,20 @@ note "a corrupted run over verbs is caught"
 verbs_run 2 "$TMP/bad" -b 64K -e 64K -n 3 -w 0 -c 1 --corrupt
 [ $? = 1 ] || fail "corrupted verbs run must exit 1"
 rows_wrong "$TMP/bad" 3 || fail "corrupted verbs run: want #wrong 3"
+
+note "link down under load: the error is reported, not hidden"
+# retry count 6: rxe treats 7 as unlimited. -n rather than --duration, so
+# the ranks only talk over the QPs while the link is down.
+( sleep 8; fab fault link-down h1-r0 ) &
+faulter=$!
+start=$SECONDS
+verbs_run 2 "$TMP/down" -b 64K -e 64K -n 1000000 -w 0 --retry-cnt 6 --qp-timeout 14 --stall-timeout 90
+rc=$?
+wait $faulter
+fab fault link-up h1-r0
+[ $rc = 2 ] || fail "run over a dead link exited $rc, want 2"
+grep -q '^shunt-bench: rank 0: error: verbs: .* completion on QP [0-9]* (to rank 1) failed: IBV_WC_RETRY_EXC_ERR (12' \
+  "$TMP/down" || fail "no IBV_WC_RETRY_EXC_ERR error line"
+grep -q '^# Errors seen *: [1-9]' "$TMP/down" || fail "errors not counted"
+[ $((SECONDS - start)) -lt 60 ] || fail "the failure took $((SECONDS - start)) s to surface"
 echo ok

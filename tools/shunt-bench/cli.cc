@@ -66,6 +66,8 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   CLI::App app{"shunt-bench: all-to-all, allreduce and send/recv benchmark over RDMA verbs or TCP"};
   app.set_version_flag("--version", SHUNT_VERSION);
   app.require_subcommand(0, 1);
+  // A repeated option takes its last value (wrappers append overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // world
   app.add_option("--rank", o->rank, "this process's rank (default: OMPI_COMM_WORLD_RANK or PMI_RANK)")
@@ -117,22 +119,29 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   app.add_option("--plot", o->plot_file, "draw the timeline to FILE.png or FILE.svg (needs --timeline)");
   std::vector<std::string> marks;
   app.add_option("--mark", marks, "mark T:LABEL (seconds since start) or @EPOCH:LABEL on the plot")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--marks-file", o->marks_file, "more marks, one per line, read when plotting");
   app.add_option("--label", o->label, "name of this run in JSON and plots");
   app.add_flag("-q,--quiet", o->quiet, "no live timeline rows");
   app.add_flag("--corrupt", o->corrupt, "")->group("");  // test hook: proves that -c can fail
 
   CLI::App* plot = app.add_subcommand("plot", "draw timelines saved with -J (one line per file)");
-  plot->add_option("inputs", p->inputs, "JSON files")->required()->check(CLI::ExistingFile);
+  plot->add_option("inputs", p->inputs, "JSON files")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   plot->add_option("-o,--output", p->out, "FILE.png or FILE.svg")->required();
   plot->add_option("--title", p->title, "plot title");
-  plot->add_option("--mark", p->marks, "T:LABEL or @EPOCH:LABEL")->allow_extra_args(false);
+  plot->add_option("--mark", p->marks, "T:LABEL or @EPOCH:LABEL")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   plot->add_option("--marks-file", p->marks_file, "marks, one per line");
 
   CLI::App* scen = app.add_subcommand("scenario", "run a fault scenario without and with libshunt");
   scen->add_option("name", s->name, "link-down, port-down, flap or blackhole")->required();
-  scen->add_option("args", s->passthrough, "options for the scenario (see --help of the script)");
+  scen->add_option("args", s->passthrough, "options for the scenario (see --help of the script)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   scen->allow_extras();
 
   try {
