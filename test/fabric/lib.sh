@@ -61,7 +61,7 @@ gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
 
 # wait_port HOST PORT: until something listens on TCP PORT on HOST
 wait_port() {
-  fab exec "$1" -- sh -c "for i in \$(seq 300); do ss -ltn | grep -q ':$2 ' && exit 0; sleep 0.1; done; exit 1" ||
+  fab exec "$1" -- timeout 30 sh -c "until ss -ltn | grep -q ':$2 '; do sleep 0.2; done" ||
     fail "nothing listens on $1:$2"
 }
 
