@@ -23,3 +23,17 @@ expect_eq "$(jget "$s" 'd["sockets"][1]["rx_bytes"]')" 12000 "server rx bytes"
 expect_eq "$(jget "$s" 'd["sockets"][0]["accepts"]')" 1 "accepts on the listener"
 expect_eq "$(jget "$s" 'd["sockets"][1]["local"]')" "127.0.0.1:$port" "accepted local address"
 expect_eq "$(jget "$s" 'd["sockets"][1]["open"]')" False "closed socket recorded as closed"
+
+# Fortified callers (_FORTIFY_SOURCE=2) reach __recv_chk, __recvfrom_chk and
+# __read_chk; those are counted the same.
+fort=$B/test/tcp_pair_fortified
+for f in __recv_chk __recvfrom_chk __read_chk; do
+  nm -D "$fort" | grep -q " U $f@" || fail "$fort does not call $f"
+done
+port=$(free_port)
+"$B/test/tcp_echo" "$port" 1 & echo_pid=$!
+at_exit "kill $echo_pid 2>/dev/null"
+SHUNT_STATS_FILE="$TMP/fort.json" LD_PRELOAD=$LIB "$fort" "$port" || fail "fortified client failed"
+wait $echo_pid
+expect_eq "$(jget "$TMP/fort.json" 'd["sockets"][0]["tx_bytes"]')" 3000 "fortified client tx bytes"
+expect_eq "$(jget "$TMP/fort.json" 'd["sockets"][0]["rx_bytes"]')" 3000 "fortified client rx bytes"
