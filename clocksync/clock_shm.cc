@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "interpose/core/seqlock.h"
+
 namespace shunt::clocksync {
 
 struct alignas(64) ShmEntry {
@@ -73,8 +75,7 @@ bool ClockPublisher::publish(int slot, const PublishedClock& c) {
   if (!hdr_ || slot < 0 || uint32_t(slot) >= hdr_->capacity) return false;
   ShmEntry& e = hdr_->entries[slot];
   uint32_t s = e.seq.load(rlx);
-  e.seq.store(s + 1, rlx);
-  std::atomic_thread_fence(std::memory_order_release);
+  seq_begin_write(e.seq, s + 1);
   e.valid.store(c.valid, rlx);
   e.peer_id.store(c.peer_id, rlx);
   e.t_ref.store(c.t_ref, rlx);
@@ -155,8 +156,7 @@ std::optional<PublishedClock> ClockReader::read(int slot) const {
       std::memcpy(nm + 8 * i, &w, 8);
     }
     nm[kShmNameLen - 1] = 0;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (e.seq.load(rlx) != s1) continue;
+    if (seq_reread(e.seq) != s1) continue;
     c.name = nm;
     return c;
   }

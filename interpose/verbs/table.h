@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "interpose/core/seqlock.h"
+
 namespace shunt {
 
 template <typename V, unsigned kLog2 = 14>
@@ -26,8 +28,7 @@ class PtrTable {
       uint64_t v1 = seq_.load(std::memory_order_acquire);
       if (v1 & 1) continue;  // a compaction is running: it is short
       V* r = probe(key);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (seq_.load(std::memory_order_relaxed) == v1) return r;
+      if (seq_reread(seq_) == v1) return r;
     }
   }
 
