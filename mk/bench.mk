@@ -17,3 +17,9 @@ all: $(BUILD)/bin/shunt-bench-scenario
 $(BUILD)/bin/shunt-bench-scenario: tools/shunt-bench/scenario.sh
 	@mkdir -p $(dir $@)
 	install -m 0755 $< $@
+
+install: bench-install-scenario
+.PHONY: bench-install-scenario
+bench-install-scenario: $(BUILD)/bin/shunt-bench-scenario
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $< $(DESTDIR)$(PREFIX)/bin/

@@ -90,7 +90,7 @@ class TcpTransport final : public Transport {
         if (errno == EAGAIN || errno == EINTR) break;
         fail("recv", p, errno);
       }
-      prog_.bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      prog_.delivered(static_cast<uint64_t>(n));
       moved = true;
       r.p += n;
       r.left -= static_cast<size_t>(n);

@@ -216,7 +216,7 @@ bool VerbsTransport::poll_completions() {
       case kData:
         p.tx_outstanding--;
         open_--;
-        prog_.bytes.fetch_add(wr_bytes(c.wr_id), std::memory_order_relaxed);
+        prog_.delivered(wr_bytes(c.wr_id));
         break;
       case kCredit:
         p.tx_outstanding--;
