@@ -1,5 +1,6 @@
 #include "tools/shunt-bench/runner.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -19,10 +20,22 @@ struct RankStats {
 };
 
 // In duration mode rank 0 alone decides when to stop, so every rank runs
-// the same number of iterations.
-bool keep_going(Bootstrap& bs, double deadline) {
-  std::string mine(1, bs.rank() == 0 && steady_now() < deadline ? '1' : '0');
-  return bs.allgather(mine)[0] == "1";
+// the same number of iterations. It also says how many iterations to run
+// before asking again (about every 20 ms), so the question costs a bootstrap
+// round trip per 20 ms rather than per iteration.
+uint64_t keep_going(Bootstrap& bs, double deadline, double per_iter_s) {
+  uint64_t next = 0;
+  if (bs.rank() == 0) {
+    double left = deadline - steady_now();
+    if (left > 0) {
+      double stride = per_iter_s > 0 ? std::min(0.02, left) / per_iter_s : 1;
+      next = static_cast<uint64_t>(std::clamp(stride, 1.0, 1000.0));
+    }
+  }
+  auto all = bs.allgather(std::string(reinterpret_cast<const char*>(&next), sizeof next));
+  if (all[0].size() != sizeof next) throw BenchError("bootstrap: bad stop message");
+  std::memcpy(&next, all[0].data(), sizeof next);
+  return next;
 }
 
 }  // namespace
@@ -48,9 +61,18 @@ void run_sweep(const Options& o, Bootstrap& bs, Transport& t, Workload& w, RunSu
 
     double busy = 0;
     uint64_t wrong = 0, n = 0;
-    double deadline = steady_now() + o.duration_s;
+    double deadline = steady_now() + o.duration_s, started = steady_now();
+    uint64_t until = 0;  // duration mode: iterations agreed so far
     for (;; n++, iter++) {
-      if (o.duration_s > 0 ? !keep_going(bs, deadline) : n >= static_cast<uint64_t>(o.iters)) break;
+      if (o.duration_s > 0) {
+        if (n == until) {
+          uint64_t more = keep_going(bs, deadline, n ? (steady_now() - started) / n : 0);
+          if (more == 0) break;
+          until += more;
+        }
+      } else if (n >= static_cast<uint64_t>(o.iters)) {
+        break;
+      }
       if (o.check) {
         w.fill(t, bytes, iter);
         if (o.corrupt) corrupt_one_byte(t, w, bytes, bs.rank());
