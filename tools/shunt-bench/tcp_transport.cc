@@ -126,7 +126,7 @@ class TcpTransport final : public Transport {
   void connect_mesh(const Options& o, Bootstrap& bs) {
     std::string host = o.addr.empty() ? bs.local_addr() : o.addr;
     int lfd = listen_on(host, "0", world_);
-    addr_ = host + ":" + local_port(lfd);
+    addr_ = (host.find(':') == std::string::npos ? host : "[" + host + "]") + ":" + local_port(lfd);
     auto all = bs.allgather(addr_);
     fds_.assign(world_, -1);
     try {
