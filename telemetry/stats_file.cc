@@ -11,6 +11,8 @@
 #include "interpose/core/runtime.h"
 #include "interpose/socket/fd_table.h"
 #include "interpose/verbs/registry.h"
+#include "telemetry/event_log.h"
+#include "telemetry/identity.h"
 
 namespace shunt::telemetry {
 
@@ -127,7 +129,12 @@ json stats_json() {
           {"mode", modes[static_cast<int>(current_mode())]},
           {"forks", sock::fork_count()},
           {"verbs", {{"calls", calls}, {"devices", devices}, {"qps", qps}}},
-          {"sockets", socks}};
+          {"sockets", socks},
+          {"job", job_id()},
+          {"rank", rank()},
+          {"events", event_counts()},
+          {"events_dropped", events_dropped()},
+          {"event_log", event_log_path()}};
 }
 
 bool write_stats_file(const std::string& pattern) {

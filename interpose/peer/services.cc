@@ -5,6 +5,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
+#include "telemetry/agent_services.h"
 
 namespace shunt::agent {
 
@@ -67,6 +68,7 @@ void register_builtin_services() {
                         if (g_engine) g_engine->stop();
                       }});
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
+    telemetry::register_agent_services([] { return g_engine; });
   });
 }
 

@@ -1,0 +1,228 @@
+#include "telemetry/agent_services.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "clocksync/engine.h"
+#include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
+#include "interpose/peer/agent.h"
+#include "interpose/peer/control.h"
+#include "telemetry/event_log.h"
+#include "telemetry/metrics.h"
+
+namespace shunt::telemetry {
+
+namespace {
+using nlohmann::json;
+
+std::function<clocksync::ProbeEngine*()> g_engine_fn;
+std::atomic<bool> g_stop{false};
+int64_t g_started_ns = 0;
+
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+// Agent thread: the whole view, for the metrics thread and shuntctl.
+json telemetry_command(const json&) {
+  HostView v;
+  v.members = agent::members();
+  v.peers = peers_view(g_engine_fn ? g_engine_fn() : nullptr);
+  v.agent_pid = getpid();
+  v.uptime_s = static_cast<double>(mono_ns() - g_started_ns) * 1e-9;
+  json out = host_view_json(v);
+  out["event_log"] = event_log_path();
+  return out;
+}
+
+std::string scrape(std::string* err) {
+  auto ans = peer::request(agent::socket_path(), {{"cmd", "telemetry"}}, 2000, err);
+  if (!ans) return "";
+  if (ans->contains("error")) {
+    *err = (*ans)["error"].get<std::string>();
+    return "";
+  }
+  return render_metrics(host_view_from(*ans));
+}
+
+bool write_textfile(const std::string& path) {
+  std::string err, text = scrape(&err);
+  if (text.empty()) return false;
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    log::once(LogLevel::warn, "metrics-textfile",
+              fmt::format("SHUNT_METRICS_TEXTFILE: cannot write {}: {}", tmp, strerror(errno)));
+    return false;
+  }
+  bool ok = true;
+  for (size_t off = 0; ok && off < text.size();) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) off += static_cast<size_t>(n);
+  }
+  ok = ::close(fd) == 0 && ok;
+  // The rename replaces the file at once: a reader sees the old one or the new one, whole.
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+void answer_http(int fd) {
+  std::string req;
+  char buf[4096];
+  int64_t deadline = mono_ns() + 2'000'000'000LL;
+  while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos && req.size() < 16384) {
+    pollfd p{fd, POLLIN, 0};
+    int left = static_cast<int>((deadline - mono_ns()) / 1'000'000);
+    if (left <= 0 || poll(&p, 1, left) <= 0) return;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return;
+    req.append(buf, static_cast<size_t>(n));
+  }
+  std::string line = req.substr(0, req.find_first_of("\r\n"));
+  std::string method = line.substr(0, line.find(' '));
+  std::string target = line.size() > method.size() ? line.substr(method.size() + 1) : "";
+  target = target.substr(0, target.find(' '));
+  std::string path = target.substr(0, target.find('?'));
+  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+  if (method != "GET" && method != "HEAD") {
+    status = "405 Method Not Allowed";
+    type = "text/plain";
+    body = "only GET and HEAD\n";
+  } else if (path == "/metrics") {
+    std::string err;
+    body = scrape(&err);
+    if (body.empty()) {
+      status = "503 Service Unavailable";
+      type = "text/plain";
+      body = "no answer from the agent: " + err + "\n";
+    }
+  } else if (path == "/") {
+    type = "text/plain";
+    body = "shunt host agent: metrics at /metrics\n";
+  } else {
+    status = "404 Not Found";
+    type = "text/plain";
+    body = "not found\n";
+  }
+  std::string head = "HTTP/1.0 " + status + "\r\nContent-Type: " + type +
+                     "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  peer::write_all(fd, method == "HEAD" ? head : head + body, 5000);
+}
+
+int listen_on(const std::string& text) {
+  std::string host;
+  int port = 0;
+  if (!parse_listen_addr(text, &host, &port)) {
+    log::warn("SHUNT_METRICS_ADDR: '{}' is not IPV4:PORT", text);
+    return -1;
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0) {
+    // Said quietly: another job's agent on this host may hold the port.
+    log::info("metrics: cannot listen on {}: {}", text, strerror(errno));
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  log::info("metrics: serving http://{}/metrics", text);
+  return fd;
+}
+
+void metrics_loop(std::string addr, std::string textfile, int64_t interval_ms) {
+  ReentryGuard g;  // the endpoint's own sockets are never counted
+  pthread_setname_np(pthread_self(), "shunt-metrics");
+  int lfd = addr.empty() || addr == "off" ? -1 : listen_on(addr);
+  int64_t next_file = mono_ns();
+  while (!g_stop.load()) {
+    if (!textfile.empty() && mono_ns() >= next_file) {
+      write_textfile(textfile);
+      next_file = mono_ns() + interval_ms * 1'000'000;
+    }
+    if (lfd >= 0) {
+      pollfd p{lfd, POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) {
+        int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) {
+          answer_http(c);
+          ::close(c);
+        }
+      }
+    } else {
+      poll(nullptr, 0, 100);
+    }
+  }
+  if (lfd >= 0) ::close(lfd);
+}
+
+void on_path(const clocksync::ProbeEngine* e, const clocksync::PathEvent& ev) {
+  std::string local, remote;
+  const auto& la = e->config().local_addrs;
+  if (ev.path >= 0 && static_cast<size_t>(ev.path) < la.size()) local = la[ev.path];
+  std::vector<clocksync::PeerSpec> specs;
+  std::string err;
+  clocksync::parse_peers(config().str(Param::peers), &specs, &err);
+  for (auto& s : specs)
+    if (s.name == ev.peer && static_cast<size_t>(ev.path) < s.addrs.size()) remote = s.addrs[ev.path];
+  std::string path = local + "->" + remote;
+  event(ev.alive ? "path_up" : "path_down",
+        {{"peer", ev.peer.c_str()}, {"rail", ev.path}, {"path", path.c_str()}, {"engine_ns", static_cast<long long>(ev.at)}});
+}
+
+void start() {
+  g_started_ns = mono_ns();
+  start_event_log();
+  if (auto* e = g_engine_fn ? g_engine_fn() : nullptr)
+    e->on_path_change([e](const clocksync::PathEvent& ev) { on_path(e, ev); });
+  const Config& c = config();
+  std::string addr = c.str(Param::metrics_addr);
+  std::string textfile = expand_pattern(c.str(Param::metrics_textfile), getpid());
+  if ((addr.empty() || addr == "off") && textfile.empty()) return;
+  g_stop.store(false);
+  std::thread(metrics_loop, addr, textfile, c.num(Param::metrics_interval_ms)).detach();
+}
+}  // namespace
+
+bool parse_listen_addr(const std::string& text, std::string* host, int* port) {
+  size_t c = text.rfind(':');
+  if (c == std::string::npos || c == 0 || c + 1 >= text.size()) return false;
+  *host = text.substr(0, c);
+  in_addr a;
+  if (inet_pton(AF_INET, host->c_str(), &a) != 1) return false;
+  char* end = nullptr;
+  long p = strtol(text.c_str() + c + 1, &end, 10);
+  if (*end != '\0' || p < 0 || p > 65535) return false;
+  *port = static_cast<int>(p);
+  return true;
+}
+
+void register_agent_services(std::function<clocksync::ProbeEngine*()> engine) {
+  g_engine_fn = std::move(engine);
+  agent::register_service({"telemetry", start, [] { g_stop.store(true); }});
+  agent::register_command("telemetry", telemetry_command);
+}
+
+}  // namespace shunt::telemetry

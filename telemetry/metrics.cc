@@ -1,0 +1,295 @@
+#include "telemetry/metrics.h"
+
+#include <map>
+#include <tuple>
+
+#include "clocksync/engine.h"
+#include "interpose/core/runtime.h"
+#include "telemetry/prom.h"
+
+namespace shunt::telemetry {
+
+namespace {
+using nlohmann::json;
+
+std::string host_of(const std::string& addr) {  // "1.2.3.4:80" or "[::1]:80" -> the address
+  size_t c = addr.rfind(':');
+  std::string h = c == std::string::npos ? addr : addr.substr(0, c);
+  if (h.size() >= 2 && h.front() == '[') h = h.substr(1, h.size() - 2);
+  return h;
+}
+
+double ns_to_s(double ns) { return ns * 1e-9; }
+
+uint64_t u64(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return 0;
+  if (it->is_number_float()) return static_cast<uint64_t>(it->get<double>());
+  return it->get<uint64_t>();
+}
+
+std::string str(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+Labels proc_labels(const std::string& pid, const json& m) {
+  Labels l{{"pid", pid}};
+  if (auto j = str(m, "job"); !j.empty()) l.emplace_back("job", j);
+  if (auto r = str(m, "rank"); !r.empty()) l.emplace_back("rank", r);
+  return l;
+}
+
+Labels with(Labels l, std::initializer_list<std::pair<std::string, std::string>> more) {
+  for (auto& p : more) l.push_back(p);
+  return l;
+}
+
+void declare(Exposition& x) {
+  x.family("shunt_build_info", "gauge", "Always 1; the shunt version of the host agent in the version label.");
+  x.family("shunt_agent_uptime_seconds", "gauge", "Seconds since this process became the host agent.");
+  x.family("shunt_processes", "gauge", "Shunt processes known to the host agent, by state (running, exited).");
+  x.family("shunt_verbs_calls_total", "counter", "Calls of each interposed verbs entry point.");
+  x.family("shunt_qps", "gauge", "Queue pairs seen, by state (live, destroyed).");
+  x.family("shunt_qp_tx_bytes_total", "counter", "Bytes posted in send WRs of a QP (sum of SGE lengths).");
+  x.family("shunt_qp_rx_bytes_total", "counter", "Bytes received on a QP (byte_len of successful receive completions).");
+  x.family("shunt_qp_tx_wrs_total", "counter", "Send WRs posted on a QP, by opcode.");
+  x.family("shunt_qp_rx_wrs_total", "counter", "Receive WRs posted on a QP.");
+  x.family("shunt_qp_completions_total", "counter", "Completions polled for a QP.");
+  x.family("shunt_qp_errors_total", "counter", "Completions of a QP with an error, by status.");
+  x.family("shunt_qp_post_errors_total", "counter", "Failed ibv_post_send/ibv_post_recv calls of a QP, by direction.");
+  x.family("shunt_sockets", "gauge", "TCP sockets seen, by state (open, closed) and role (client, listener, accepted).");
+  x.family("shunt_socket_tx_bytes_total", "counter", "Bytes sent on TCP sockets, by process and connection.");
+  x.family("shunt_socket_rx_bytes_total", "counter", "Bytes received on TCP sockets, by process and connection.");
+  x.family("shunt_socket_accepts_total", "counter", "Connections accepted on a listening socket.");
+  x.family("shunt_socket_subflows", "gauge", "MPTCP subflows of a process's open sockets (0 for plain TCP).");
+  x.family("shunt_bundles", "gauge", "Multipath bundles of a process, by state (up, degraded, fallback).");
+  x.family("shunt_failovers_total", "counter", "Traffic moved off a failed path.");
+  x.family("shunt_failbacks_total", "counter", "Traffic moved back to a recovered path.");
+  x.family("shunt_replays_total", "counter", "Work requests replayed on another path after a failure.");
+  x.family("shunt_events_total", "counter", "Events recorded (logged or not), by type.");
+  x.family("shunt_events_dropped_total", "counter", "Events lost because the event ring was full.");
+  x.family("shunt_path_up", "gauge", "1 when the probe engine sees the path working both ways, else 0.");
+  x.family("shunt_path_one_way_delay_seconds", "gauge",
+           "One-way delay of a path from the probes, by direction (tx: to the peer, rx: from it) and quantile.");
+  x.family("shunt_path_rtt_seconds", "gauge", "Round-trip time of a path: median forward plus median reverse delay.");
+  x.family("shunt_path_loss_ratio", "gauge", "Fraction of probes lost on a path in the window, by direction.");
+  x.family("shunt_path_probes_sent_total", "counter", "Probes sent on a path.");
+  x.family("shunt_path_probes_received_total", "counter", "Probes received on a path.");
+  x.family("shunt_path_tx_bytes_total", "counter", "TCP bytes member processes sent over a path (by its two addresses).");
+  x.family("shunt_path_rx_bytes_total", "counter", "TCP bytes member processes received over a path.");
+  x.family("shunt_peer_clock_valid", "gauge", "1 when the clock model of a peer is usable.");
+  x.family("shunt_peer_clock_offset_seconds", "gauge", "The peer's clock minus this host's.");
+  x.family("shunt_peer_clock_bound_seconds", "gauge", "Bound on the error of the clock offset.");
+  x.family("shunt_peer_clock_drift_ratio", "gauge", "Rate of the peer's clock relative to ours, minus 1.");
+  x.family("shunt_peer_rtt_seconds", "gauge", "Round-trip time to a peer from the clock model (twice the half RTT).");
+}
+
+void qp_samples(Exposition& x, const Labels& base, const json& q) {
+  x.add("shunt_qp_tx_bytes_total", base, u64(q, "send_bytes"));
+  x.add("shunt_qp_rx_bytes_total", base, u64(q, "recv_bytes"));
+  x.add("shunt_qp_rx_wrs_total", base, u64(q, "recv_wrs"));
+  x.add("shunt_qp_completions_total", base, u64(q, "completions"));
+  x.add("shunt_qp_post_errors_total", with(base, {{"direction", "send"}}), u64(q, "send_post_errors"));
+  x.add("shunt_qp_post_errors_total", with(base, {{"direction", "recv"}}), u64(q, "recv_post_errors"));
+  if (q.contains("send_wrs"))
+    for (auto& [op, n] : q["send_wrs"].items())
+      x.add("shunt_qp_tx_wrs_total", with(base, {{"opcode", op}}), n.get<uint64_t>());
+  if (q.contains("errors"))
+    for (auto& [st, n] : q["errors"].items())
+      x.add("shunt_qp_errors_total", with(base, {{"status", st}}), n.get<uint64_t>());
+}
+
+using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  // (state, role) -> n
+
+void member_samples(Exposition& x, const std::string& pid, const json& m, SocketCounts* sockets) {
+  Labels p = proc_labels(pid, m);
+  if (m.contains("verbs")) {
+    const json& v = m["verbs"];
+    if (v.contains("calls"))
+      for (auto& [call, n] : v["calls"].items())
+        x.add("shunt_verbs_calls_total", with(p, {{"call", call}}), n.get<uint64_t>());
+    uint64_t live = 0, dead = 0;
+    if (v.contains("qps"))
+      for (auto& q : v["qps"]) {
+        (q.value("destroyed", false) ? dead : live)++;
+        qp_samples(x, with(p, {{"device", str(q, "device")}, {"qpn", std::to_string(u64(q, "qpn"))}, {"type", str(q, "type")}}),
+                   q);
+      }
+    if (v.contains("devices"))
+      for (auto& d : v["devices"]) {
+        const json& u = d["untracked_qps"];
+        if (u64(u, "send_bytes") || u64(u, "recv_wrs") || u64(u, "completions"))
+          qp_samples(x, with(p, {{"device", str(d, "device")}, {"qpn", "untracked"}, {"type", ""}}), u);
+      }
+    x.add("shunt_qps", with(p, {{"state", "live"}}), live);
+    x.add("shunt_qps", with(p, {{"state", "destroyed"}}), dead);
+  }
+  // Sockets summed per connection, so a reused fd never makes two series alike.
+  std::map<std::tuple<std::string, std::string, std::string>, std::pair<uint64_t, uint64_t>> conns;
+  std::map<std::string, uint64_t> accepts;
+  uint64_t subflows = 0;
+  if (m.contains("sockets"))
+    for (auto& s : m["sockets"]) {
+      std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
+      bool open = s.value("open", false);
+      (*sockets)[{open ? "open" : "closed", role}]++;
+      if (open) subflows += u64(s, "subflows");
+      if (role == "listener") {
+        accepts[local] += u64(s, "accepts");
+        continue;
+      }
+      auto& c = conns[{role, local, remote}];
+      c.first += u64(s, "tx_bytes");
+      c.second += u64(s, "rx_bytes");
+    }
+  for (auto& [k, v] : conns) {
+    auto& [role, local, remote] = k;
+    Labels l = with(p, {{"role", role}, {"local", local}, {"remote", remote}});
+    x.add("shunt_socket_tx_bytes_total", l, v.first);
+    x.add("shunt_socket_rx_bytes_total", l, v.second);
+  }
+  for (auto& [local, n] : accepts) x.add("shunt_socket_accepts_total", with(p, {{"local", local}}), n);
+  x.add("shunt_socket_subflows", p, subflows);
+  std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
+  if (m.contains("bundles") && m["bundles"].is_array())
+    for (auto& b : m["bundles"]) bundles[str(b, "state")]++;
+  for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
+  json ev = m.value("events", json::object());
+  x.add("shunt_failovers_total", p, u64(ev, "failover"));
+  x.add("shunt_failbacks_total", p, u64(ev, "failback"));
+  x.add("shunt_replays_total", p, u64(ev, "replay"));
+  for (auto& [type, n] : ev.items())
+    if (n.is_number()) x.add("shunt_events_total", with(p, {{"type", type}}), n.get<uint64_t>());
+  x.add("shunt_events_dropped_total", p, u64(m, "events_dropped"));
+}
+}  // namespace
+
+HostView host_view_from(const json& a) {
+  HostView v;
+  if (a.contains("members") && a["members"].is_object()) v.members = a["members"];
+  if (a.contains("peers") && a["peers"].is_array()) v.peers = a["peers"];
+  v.agent_pid = a.value("agent_pid", 0L);
+  v.uptime_s = a.value("uptime_s", 0.0);
+  return v;
+}
+
+json host_view_json(const HostView& v) {
+  return {{"members", v.members}, {"peers", v.peers}, {"agent_pid", v.agent_pid}, {"uptime_s", v.uptime_s}};
+}
+
+json peers_view(const clocksync::ProbeEngine* e) {
+  json out = json::array();
+  if (!e) return out;
+  std::vector<clocksync::PeerSpec> specs;
+  std::string err;
+  clocksync::parse_peers(config().str(Param::peers), &specs, &err);
+  const auto& local = e->config().local_addrs;
+  for (const auto& r : e->report()) {
+    const std::vector<std::string>* remote = nullptr;
+    for (auto& s : specs)
+      if (s.name == r.name) remote = &s.addrs;
+    json paths = json::array();
+    for (size_t i = 0; i < r.paths.size(); i++) {
+      const auto& p = r.paths[i];
+      paths.push_back({{"rail", i},
+                       {"local", i < local.size() ? local[i] : ""},
+                       {"remote", remote && i < remote->size() ? (*remote)[i] : ""},
+                       {"alive", p.alive},
+                       {"fwd_p50_ns", p.fwd_p50_ns},
+                       {"fwd_p99_ns", p.fwd_p99_ns},
+                       {"rev_p50_ns", p.rev_p50_ns},
+                       {"rev_p99_ns", p.rev_p99_ns},
+                       {"fwd_loss", p.fwd_loss},
+                       {"rev_loss", p.rev_loss},
+                       {"sent", p.sent},
+                       {"received", p.received}});
+    }
+    out.push_back({{"peer", r.name},
+                   {"clock",
+                    {{"valid", r.clock.valid},
+                     {"offset_ns", r.clock.offset_ns},
+                     {"bound_ns", r.clock.bound_ns},
+                     {"drift_ppb", r.clock.drift_ppb},
+                     {"half_rtt_ns", r.clock.half_rtt_ns},
+                     {"age_ns", r.clock.age_ns}}},
+                   {"paths", paths}});
+  }
+  return out;
+}
+
+json paths_view(const HostView& v) {
+  json out = json::array();
+  for (auto& peer : v.peers)
+    for (auto& p : peer["paths"]) {
+      json q = p;
+      q["peer"] = peer["peer"];
+      std::string local = str(p, "local"), remote = str(p, "remote");
+      q["path"] = local + "->" + remote;
+      uint64_t tx = 0, rx = 0;
+      for (auto& [pid, m] : v.members.items()) {
+        if (!m.contains("sockets")) continue;
+        for (auto& s : m["sockets"])
+          if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
+            tx += u64(s, "tx_bytes");
+            rx += u64(s, "rx_bytes");
+          }
+      }
+      q["tx_bytes"] = tx;
+      q["rx_bytes"] = rx;
+      double f = p.value("fwd_p50_ns", -1.0), r = p.value("rev_p50_ns", -1.0);
+      q["rtt_ns"] = f >= 0 && r >= 0 ? f + r : -1.0;
+      out.push_back(std::move(q));
+    }
+  return out;
+}
+
+std::string render_metrics(const HostView& v) {
+  Exposition x;
+  declare(x);
+  x.add("shunt_build_info", {{"version", SHUNT_VERSION}}, 1);
+  x.add("shunt_agent_uptime_seconds", {}, v.uptime_s);
+  uint64_t running = 0, exited = 0;
+  SocketCounts sockets;
+  for (auto& [pid, m] : v.members.items()) {
+    (m.value("final", false) ? exited : running)++;
+    member_samples(x, pid, m, &sockets);
+  }
+  x.add("shunt_processes", {{"state", "running"}}, running);
+  x.add("shunt_processes", {{"state", "exited"}}, exited);
+  for (const char* state : {"open", "closed"})
+    for (const char* role : {"client", "listener", "accepted"}) {
+      auto it = sockets.find({state, role});
+      x.add("shunt_sockets", {{"state", state}, {"role", role}}, it == sockets.end() ? uint64_t{0} : it->second);
+    }
+  for (auto& peer : v.peers) {
+    const json& c = peer["clock"];
+    Labels pl{{"peer", str(peer, "peer")}};
+    bool valid = c.value("valid", false);
+    x.add("shunt_peer_clock_valid", pl, valid);
+    if (!valid) continue;
+    x.add("shunt_peer_clock_offset_seconds", pl, ns_to_s(c.value("offset_ns", 0.0)));
+    x.add("shunt_peer_clock_bound_seconds", pl, ns_to_s(c.value("bound_ns", 0.0)));
+    x.add("shunt_peer_clock_drift_ratio", pl, c.value("drift_ppb", 0.0) * 1e-9);
+    x.add("shunt_peer_rtt_seconds", pl, ns_to_s(2 * c.value("half_rtt_ns", 0.0)));
+  }
+  for (auto& p : paths_view(v)) {
+    Labels l{{"peer", str(p, "peer")}, {"rail", std::to_string(p.value("rail", 0))}, {"path", str(p, "path")}};
+    x.add("shunt_path_up", l, p.value("alive", false));
+    for (auto [key, dir, q] : {std::tuple{"fwd_p50_ns", "tx", "0.5"}, std::tuple{"fwd_p99_ns", "tx", "0.99"},
+                               std::tuple{"rev_p50_ns", "rx", "0.5"}, std::tuple{"rev_p99_ns", "rx", "0.99"}}) {
+      double ns = p.value(key, -1.0);
+      if (ns >= 0) x.add("shunt_path_one_way_delay_seconds", with(l, {{"direction", dir}, {"quantile", q}}), ns_to_s(ns));
+    }
+    if (double rtt = p.value("rtt_ns", -1.0); rtt >= 0) x.add("shunt_path_rtt_seconds", l, ns_to_s(rtt));
+    x.add("shunt_path_loss_ratio", with(l, {{"direction", "tx"}}), p.value("fwd_loss", 0.0));
+    x.add("shunt_path_loss_ratio", with(l, {{"direction", "rx"}}), p.value("rev_loss", 0.0));
+    x.add("shunt_path_probes_sent_total", l, u64(p, "sent"));
+    x.add("shunt_path_probes_received_total", l, u64(p, "received"));
+    x.add("shunt_path_tx_bytes_total", l, u64(p, "tx_bytes"));
+    x.add("shunt_path_rx_bytes_total", l, u64(p, "rx_bytes"));
+  }
+  return x.text();
+}
+
+}  // namespace shunt::telemetry
