@@ -5,6 +5,7 @@
 
 #include "tools/shuntctl/agent_cmd.h"
 #include "tools/shuntctl/config_cmd.h"
+#include "tools/shuntctl/telemetry_cmd.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"shuntctl: inspect and control shunt"};
@@ -29,7 +30,23 @@ int main(int argc, char** argv) {
     s->add_flag("--json", json, "JSON output");
     subs.emplace_back(s, c.name);
   }
+  shunt::ctl::LiveOptions live;
+  auto* paths = app.add_subcommand("paths", "Every probed path: state, traffic rate, one-way delay, RTT, loss");
+  paths->add_flag("--json", live.json, "JSON output");
+  paths->add_option("--interval", live.interval_ms, "Milliseconds between the two samples a rate is taken from")
+      ->check(CLI::Range(10, 60000));
+  auto* events = app.add_subcommand("events", "The job's events on this host (SHUNT_EVENT_LOG), oldest first");
+  events->add_flag("--json", live.json, "JSON output (an array; with --follow one object per line)");
+  events->add_flag("-f,--follow", live.follow, "Keep printing events as they come");
+  events->add_option("--file", live.file, "Read this event log instead of asking the agent");
+  auto* top = app.add_subcommand("top", "Live view: every process's traffic rates and every path");
+  top->add_flag("--json", live.json, "One JSON object per refresh");
+  top->add_option("--interval", live.interval_ms, "Milliseconds between refreshes")->check(CLI::Range(10, 60000));
+  top->add_option("-n,--iterations", live.iterations, "Stop after this many refreshes (0: never)");
   CLI11_PARSE(app, argc, argv);
+  if (paths->parsed()) return shunt::ctl::paths_command(std::cout, live);
+  if (events->parsed()) return shunt::ctl::events_command(std::cout, live);
+  if (top->parsed()) return shunt::ctl::top_command(std::cout, live);
   if (config->parsed()) {
     using shunt::ctl::ConfigFormat;
     ConfigFormat f = json ? ConfigFormat::json
