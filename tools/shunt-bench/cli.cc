@@ -123,6 +123,7 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--marks-file", o->marks_file, "more marks, one per line, read when plotting");
   app.add_option("--label", o->label, "name of this run in JSON and plots");
+  app.add_option("--ready-file", o->ready_file, "create FILE when the timeline starts (for fault injectors)");
   app.add_flag("-q,--quiet", o->quiet, "no live timeline rows");
   app.add_flag("--corrupt", o->corrupt, "")->group("");  // test hook: proves that -c can fail
 

@@ -78,6 +78,12 @@ int run_bench(const Options& o) {
     tl = std::make_unique<Timeline>(prog, o.timeline_ms, lead && !o.quiet ? stdout : nullptr);
     tl->start();
   }
+  if (!o.ready_file.empty()) {
+    FILE* f = fopen(o.ready_file.c_str(), "w");
+    if (!f) throw BenchError("cannot create " + o.ready_file);
+    fprintf(f, "%.6f\n", wall_now());
+    fclose(f);
+  }
   try {
     run_sweep(o, bs, *t, *w, sum, [&](const SizeResult& r) {
       if (lead) print_row(stdout, o, *w, r);

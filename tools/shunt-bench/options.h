@@ -57,6 +57,7 @@ struct Options {
   std::string marks_file;  // "SECONDS LABEL" lines, read when plotting
   bool quiet = false;
   std::string label;  // names this run in JSON and plots
+  std::string ready_file;  // created when measuring starts (for fault injectors)
 
   // test only: flip one byte of the data rank 0 sends, so the check must fail
   bool corrupt = false;

@@ -10,8 +10,7 @@
 #   --ranks N     ranks, one guest each (default 2)
 #   --size BYTES  message size (default 1M)
 #   --duration S  seconds per run (default 40)
-#   --fault-at S  seconds after the ranks are launched (default 10); set-up
-#                 takes a few seconds, the marks show when it really happened
+#   --fault-at S  seconds after rank 0's timeline starts (default 10)
 #   --fault-for S seconds until the fault is healed (default 10)
 #   --stall S     the benchmark's --stall-timeout (default 15)
 #   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
@@ -106,10 +105,12 @@ run_one() {
     [ $transport = tcp ] && extra=(--addr "$(fab addr h$((r + 1)) r0)")
     if [ $r = 0 ]; then
       # guests see the host read-only: rank 0 writes into its own /tmp
-      extra+=(-J "/tmp/shunt-bench-$mode.json" --label "$mode libshunt")
-      # start the fault clock once rank 0 is launched; warm-up and set-up
-      # take a moment, which the marks (taken when injected) account for
-      ( sleep "$fault_at"
+      extra+=(-J "/tmp/shunt-bench-$mode.json" --label "$mode libshunt" --ready-file "/tmp/shunt-bench-$mode.ready")
+      ( for _ in $(seq 600); do  # the fault clock starts with rank 0's timeline
+          fab exec h1 -- test -e "/tmp/shunt-bench-$mode.ready" 2>/dev/null && break
+          sleep 0.2
+        done
+        sleep "$fault_at"
         echo "@$(python3 -c "import time; print(time.time() + $off)"):$name" >>"$marks"; inject on
         sleep "$fault_for"
         echo "@$(python3 -c "import time; print(time.time() + $off)"):healed" >>"$marks"; inject off ) \
@@ -161,12 +162,13 @@ def load(mode):
         r["json"] = json.load(open(f"{out}/{mode}.json"))
     except (OSError, ValueError):
         pass
+    errs = []
     for f in sorted(os.listdir(out)):
-        if f.startswith(mode + ".rank") and not r["err"]:
-            for line in open(os.path.join(out, f), errors="replace"):
-                if "error:" in line:
-                    r["err"] = line.strip()
-                    break
+        if f.startswith(mode + ".rank"):
+            errs += [l.strip() for l in open(os.path.join(out, f), errors="replace") if "error:" in l]
+    # a transport's own error says more than a bootstrap that saw its peer go
+    own = [e for e in errs if "bootstrap:" not in e]
+    r["err"] = (own or errs or [""])[0]
     return r
 
 def phases(j):
@@ -181,7 +183,7 @@ def phases(j):
     res = {"end": end, "fault": fault, "healed": healed}
     if fault is None:
         return res
-    res["before"] = mean(1.0, fault)
+    res["before"] = mean(0.3, fault)
     res["during"] = mean(fault, healed if healed is not None else end)
     res["after"] = mean(healed, end) if healed is not None and end > healed else None
     base = res["before"] or 0
@@ -222,13 +224,15 @@ for r in runs:
     else:
         col["time to recover"] = f"never (run ended at {p['end']:.1f} s)"
     col["longest zero-throughput"] = fmt(p.get("stall"), " s", 1)
-    col["first error"] = (r["err"] or "-")[:60]
     rows.append(col)
 print()
 print(f"{'scenario ' + name:<26} {'without libshunt':<34} {'with libshunt':<34}")
 for k in rows[0]:
     print(f"{k:<26} {rows[0][k]:<34} {rows[1][k]:<34}")
 print(f"{'plot':<26} {out}/{name}.png")
-summary = {"scenario": name, "without": rows[0], "with": rows[1]}
+for r in runs:
+    print(f"first error {r['mode']} libshunt: {r['err'] or '-'}")
+summary = {"scenario": name, "without": dict(rows[0], first_error=runs[0]["err"]),
+           "with": dict(rows[1], first_error=runs[1]["err"])}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 PY

@@ -13,7 +13,8 @@
 namespace bench {
 
 VerbsTransport::VerbsTransport(const Options& o, Bootstrap& bs, size_t region, Progress& prog)
-    : o_(o), rank_(bs.rank()), world_(bs.world()), region_(region), prog_(prog), dev_(o), peers_(world_) {
+    : o_(o), rank_(bs.rank()), world_(bs.world()), region_(region), prog_(prog),
+      dev_(o, (world_ - 1) * int(kSendDepth + kRecvDepth) + 16), peers_(world_) {
   seg_ = static_cast<uint32_t>(std::min<uint64_t>({uint64_t(o.seg_bytes), uint64_t(dev_.max_msg()), uint64_t(1) << 30}));
   if (seg_ == 0) throw BenchError("verbs: --seg must be positive");
   mem_ = static_cast<char*>(

@@ -32,7 +32,7 @@ const char* mtu_bytes(ibv_mtu m) {
   return "?";
 }
 
-VerbsDevice::VerbsDevice(const Options& o) : port_(o.ib_port) {
+VerbsDevice::VerbsDevice(const Options& o, int cq_depth) : port_(o.ib_port) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (!list || n == 0) {
@@ -65,7 +65,7 @@ VerbsDevice::VerbsDevice(const Options& o) : port_(o.ib_port) {
   if (int rc = ibv_query_device(ctx_, &da)) fail("ibv_query_device", rc);
   pd_ = ibv_alloc_pd(ctx_);
   if (!pd_) fail("ibv_alloc_pd", errno);
-  int cqe = std::min(da.max_cqe, 16384);
+  int cqe = std::min(da.max_cqe, cq_depth);
   cq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0);
   if (!cq_) fail("ibv_create_cq", errno);
 }

@@ -25,7 +25,8 @@ struct VerbsAddr {
 
 class VerbsDevice {
  public:
-  explicit VerbsDevice(const Options& o);
+  // cq_depth: completions that can be outstanding at once (capped by the device).
+  VerbsDevice(const Options& o, int cq_depth);
   ~VerbsDevice();
   VerbsDevice(const VerbsDevice&) = delete;
   VerbsDevice& operator=(const VerbsDevice&) = delete;
