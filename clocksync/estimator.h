@@ -18,8 +18,15 @@
 // says how well-defined the envelope is; the bound is a floor plus 3 robust sigma
 // (window errors on real hosts share causes and do not average out), growing in holdover with
 // the drift uncertainty and an allowance for oscillator wander.
-// A step in either clock shows as consecutive windows far off the line: the
-// history before the step is dropped.
+// Steps: a clean sample well *below* the envelope in either direction cannot
+// come from queueing, which only adds delay. Every sample is checked as it
+// arrives (not per window: the feed often lacks one direction for a window),
+// so one direction's evidence is enough. While such samples are pending the
+// model is reported invalid; two in a row in the same direction confirm a
+// step, a lone one is dropped as a glitch. A step starts a new segment: the
+// segments share the drift (a step changes the offset, not the frequency)
+// and each has its own offset, so the newest segment gets a model from its
+// first sample pair each way, with the drift of the whole span.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -53,8 +60,8 @@ struct EstimatorParams {
   int min_windows = 3;              // windows with both directions before a model is valid
   double bound_floor_ns = 200;      // software stamps: where in the stack each side stamps
   double wander_rate = 20e-9;       // holdover allowance for frequency wander (20 ppb)
-  int step_windows = 3;             // consecutive outliers that mean a clock step
-  double step_min_ns = 10'000;      // a minimum this far below the envelope (and 8 sigma) is a step
+  int step_samples = 2;             // consecutive samples below the envelope that mean a clock step
+  double step_min_ns = 10'000;      // a sample this far below the envelope (and 8 sigma) is step evidence
 };
 
 class OffsetEstimator {
@@ -67,6 +74,9 @@ class OffsetEstimator {
   void tick(int64_t now);
   const ClockModel& model() const { return model_; }
   uint64_t steps_detected() const { return steps_; }
+  uint64_t glitches() const { return glitches_; }  // lone samples below the envelope, dropped
+  // True while samples below the envelope wait for confirmation (model reported invalid).
+  bool step_suspected() const { return !cand_.empty(); }
   void reset();
 
  private:
@@ -74,26 +84,31 @@ class OffsetEstimator {
     int64_t t;
     int64_t d;
   };
-  struct WindowResidual {
-    int64_t t_first, t_mid;
-    double res;
-  };
+  void add(int dir, const Sample& s);
+  void feed(int dir, const Sample& s);
   void push(std::deque<Point>& q, const Sample& s);
+  void confirm_step();
   void refit();
-  bool holding_for_step();
-  void window_residuals(int64_t t0, double a, double b, double c,
-                        std::vector<WindowResidual>* out) const;
+  void publish();
+  size_t segment_of(int64_t t) const;
 
   EstimatorParams p_;
   WindowMin fwin_, rwin_;
   std::deque<Point> fwd_, rev_;
-  ClockModel model_;
+  std::deque<int64_t> segs_;  // start times of the segments after the first (steps)
+  ClockModel fit_;            // newest fit (of the newest segment once fit_gen_ == steps_)
+  ClockModel model_;          // what model() reports
+  uint64_t fit_gen_ = 0;
   bool dirty_ = false;
   double rms_ = 0;
-  int outliers_ = 0;
-  int64_t last_checked_ = std::numeric_limits<int64_t>::min();
-  int64_t first_outlier_t_ = 0;
-  uint64_t steps_ = 0;
+  double d_ref_ = 0;        // one-way path delay (half the least round trip) of the best-filled segment
+  double young_extra_ = 0;  // bound widening while the newest segment is young
+  int cand_dir_ = -1;
+  std::vector<Sample> cand_;  // samples below the envelope awaiting confirmation
+  int above_n_[2] = {0, 0};   // per direction: consecutive samples far above the envelope
+  int64_t above_since_[2] = {0, 0};
+  int64_t last_t_[2] = {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::min()};
+  uint64_t steps_ = 0, glitches_ = 0;
 };
 
 // The gap search itself, exposed for tests: points above (upper) the line
@@ -106,5 +121,13 @@ struct EnvelopeFit {
 };
 bool fit_envelope(const std::deque<std::pair<double, double>>& upper,
                   const std::deque<std::pair<double, double>>& lower, EnvelopeFit* out);
+// Several segments (between clock steps) sharing one slope, each with its own
+// offset: the slope maximizes the sum of the segments' gaps (concave), so
+// long segments, whose gap falls fastest off their best slope, dominate.
+// Segments lacking either side are skipped (out[i].half_gap < 0).
+struct Segment {
+  std::deque<std::pair<double, double>> upper, lower;
+};
+bool fit_segments(const std::vector<Segment>& segs, double* slope, std::vector<EnvelopeFit>* out);
 
 }  // namespace shunt::clocksync
