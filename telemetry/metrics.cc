@@ -71,7 +71,7 @@ void declare(Exposition& x) {
   x.family("shunt_events_dropped_total", "counter", "Events lost because the event ring was full.");
   x.family("shunt_path_up", "gauge", "1 when the probe engine sees the path working both ways, else 0.");
   x.family("shunt_path_one_way_delay_seconds", "gauge",
-           "One-way delay of a path from the probes, by direction (tx: to the peer, rx: from it) and quantile.");
+           "One-way delay of a path from the probes, by direction (tx: to the peer, rx: from it) and percentile (50, 99) over the window.");
   x.family("shunt_path_rtt_seconds", "gauge", "Round-trip time of a path: median forward plus median reverse delay.");
   x.family("shunt_path_loss_ratio", "gauge", "Fraction of probes lost on a path in the window, by direction.");
   x.family("shunt_path_probes_sent_total", "counter", "Probes sent on a path.");
@@ -276,10 +276,10 @@ std::string render_metrics(const HostView& v) {
   for (auto& p : paths_view(v)) {
     Labels l{{"peer", str(p, "peer")}, {"rail", std::to_string(p.value("rail", 0))}, {"path", str(p, "path")}};
     x.add("shunt_path_up", l, p.value("alive", false));
-    for (auto [key, dir, q] : {std::tuple{"fwd_p50_ns", "tx", "0.5"}, std::tuple{"fwd_p99_ns", "tx", "0.99"},
-                               std::tuple{"rev_p50_ns", "rx", "0.5"}, std::tuple{"rev_p99_ns", "rx", "0.99"}}) {
+    for (auto [key, dir, q] : {std::tuple{"fwd_p50_ns", "tx", "50"}, std::tuple{"fwd_p99_ns", "tx", "99"},
+                               std::tuple{"rev_p50_ns", "rx", "50"}, std::tuple{"rev_p99_ns", "rx", "99"}}) {
       double ns = p.value(key, -1.0);
-      if (ns >= 0) x.add("shunt_path_one_way_delay_seconds", with(l, {{"direction", dir}, {"quantile", q}}), ns_to_s(ns));
+      if (ns >= 0) x.add("shunt_path_one_way_delay_seconds", with(l, {{"direction", dir}, {"percentile", q}}), ns_to_s(ns));
     }
     if (double rtt = p.value("rtt_ns", -1.0); rtt >= 0) x.add("shunt_path_rtt_seconds", l, ns_to_s(rtt));
     x.add("shunt_path_loss_ratio", with(l, {{"direction", "tx"}}), p.value("fwd_loss", 0.0));
