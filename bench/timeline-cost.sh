@@ -75,8 +75,8 @@ print(f"timeline-cost: median busbw without {m_off:.3f} GB/s, with --timeline {i
 print(f"timeline-cost: ratio with/without {ratio:.4f} (median of {len(ratios)} pairs; 90% interval {lo:.4f}..{hi:.4f})")
 print(f"timeline-cost: sampler thread CPU {cpu_share * 100:.3f}% of one core")
 if lo > 1.01:
-    print("timeline-cost: note: runs with the sampler were faster; its periodic wakeups keep otherwise idle"
-          " CPUs out of deep idle, which the blocking tcp transport notices more than the sampler's cost")
+    print("timeline-cost: note: runs with the sampler were faster, most likely because its periodic wakeups keep idle"
+          " (v)CPUs from halting, which the poll()-blocking tcp transport feels more than the sampler's cost")
 if 1 - ratio <= 0.01:
     verdict, rc = "PASS: cost <= 1%", 0
 elif 1 - hi <= 0.01 and cpu_share <= 0.01:
