@@ -19,7 +19,7 @@ std::string host_of(const std::string& addr) {  // "1.2.3.4:80" or "[::1]:80" ->
   return h;
 }
 
-double ns_to_s(double ns) { return ns * 1e-9; }
+double ns_to_s(double ns) { return ns / 1e9; }
 
 uint64_t u64(const json& j, const char* key) {
   auto it = j.find(key);
@@ -270,7 +270,7 @@ std::string render_metrics(const HostView& v) {
     if (!valid) continue;
     x.add("shunt_peer_clock_offset_seconds", pl, ns_to_s(c.value("offset_ns", 0.0)));
     x.add("shunt_peer_clock_bound_seconds", pl, ns_to_s(c.value("bound_ns", 0.0)));
-    x.add("shunt_peer_clock_drift_ratio", pl, c.value("drift_ppb", 0.0) * 1e-9);
+    x.add("shunt_peer_clock_drift_ratio", pl, c.value("drift_ppb", 0.0) / 1e9);
     x.add("shunt_peer_rtt_seconds", pl, ns_to_s(2 * c.value("half_rtt_ns", 0.0)));
   }
   for (auto& p : paths_view(v)) {

@@ -1,0 +1,112 @@
+// The exposition writer and the host view renderer, on synthetic reports.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "telemetry/metrics.h"
+#include "telemetry/prom.h"
+
+namespace shunt::telemetry {
+namespace {
+using nlohmann::json;
+
+TEST(TelemetryProm, EscapesLabelValuesAndHelp) {
+  EXPECT_EQ(escape_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  EXPECT_EQ(escape_help("x\\y\nz\""), "x\\\\y\\nz\"");
+}
+
+TEST(TelemetryProm, FormatsSpecialValues) {
+  EXPECT_EQ(format_value(1.5), "1.5");
+  EXPECT_EQ(format_value(0.0 / 0.0), "NaN");
+  EXPECT_EQ(format_value(1.0 / 0.0), "+Inf");
+  EXPECT_EQ(format_value(-1.0 / 0.0), "-Inf");
+}
+
+TEST(TelemetryProm, NamesAreChecked) {
+  EXPECT_TRUE(valid_metric_name("shunt_x:y_total"));
+  EXPECT_FALSE(valid_metric_name("9x"));
+  EXPECT_FALSE(valid_metric_name("a-b"));
+  EXPECT_TRUE(valid_label_name("peer"));
+  EXPECT_FALSE(valid_label_name("a:b"));
+  EXPECT_FALSE(valid_label_name("__name__"));
+}
+
+TEST(TelemetryProm, FamiliesKeepOrderAndCountersStayExact) {
+  Exposition x;
+  x.family("b_total", "counter", "B.");
+  x.family("a", "gauge", "A.");
+  EXPECT_TRUE(x.add("a", {{"k", "v"}}, 2.5));
+  EXPECT_TRUE(x.add("b_total", {}, uint64_t{18446744073709551615ULL}));
+  EXPECT_FALSE(x.add("undeclared", {}, 1));
+  EXPECT_EQ(x.text(),
+            "# HELP b_total B.\n# TYPE b_total counter\nb_total 18446744073709551615\n"
+            "# HELP a A.\n# TYPE a gauge\na{k=\"v\"} 2.5\n");
+}
+
+json member(const char* rank, uint64_t tx) {
+  return {{"mode", "observe"},
+          {"job", "j"},
+          {"rank", rank},
+          {"events", {{"failover", 2}, {"path_down", 1}}},
+          {"verbs",
+           {{"calls", {{"ibv_create_qp", 1}}},
+            {"qps",
+             {{{"device", "rxe0"},
+               {"qpn", 17},
+               {"type", "RC"},
+               {"destroyed", false},
+               {"send_bytes", tx},
+               {"recv_bytes", 5},
+               {"recv_wrs", 1},
+               {"completions", 3},
+               {"send_post_errors", 0},
+               {"recv_post_errors", 0},
+               {"send_wrs", {{"RDMA_WRITE", 4}}},
+               {"errors", {{"retry counter exceeded", 1}}}}}},
+            {"devices", json::array()}}},
+          // the same connection seen twice (a reused fd): summed into one series
+          {"sockets",
+           {{{"role", "client"}, {"local", "10.0.0.1:5"}, {"peer", "10.0.0.2:6"}, {"tx_bytes", 100}, {"rx_bytes", 7}, {"open", false}},
+            {{"role", "client"}, {"local", "10.0.0.1:5"}, {"peer", "10.0.0.2:6"}, {"tx_bytes", 11}, {"rx_bytes", 0}, {"open", true}}}}};
+}
+
+TEST(TelemetryMetrics, MergesMembersWithExactValues) {
+  HostView v;
+  v.members["100"] = member("0", 4096);
+  v.members["101"] = member("1", 8192);
+  v.members["101"]["final"] = true;
+  v.peers = json::parse(R"([{"peer":"b","clock":{"valid":true,"offset_ns":1500,"bound_ns":200,"drift_ppb":3,"half_rtt_ns":1000,"age_ns":0},
+    "paths":[{"rail":0,"local":"10.0.0.1","remote":"10.0.0.2","alive":true,"fwd_p50_ns":400,"fwd_p99_ns":900,
+              "rev_p50_ns":600,"rev_p99_ns":-1,"fwd_loss":0,"rev_loss":0.5,"sent":10,"received":9}]}])");
+  std::string t = render_metrics(v);
+  auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has(R"(shunt_qp_tx_bytes_total{pid="100",job="j",rank="0",device="rxe0",qpn="17",type="RC"} 4096)")) << t;
+  EXPECT_TRUE(has(R"(shunt_qp_tx_bytes_total{pid="101",job="j",rank="1",device="rxe0",qpn="17",type="RC"} 8192)"));
+  EXPECT_TRUE(has(R"(shunt_qp_tx_wrs_total{pid="100",job="j",rank="0",device="rxe0",qpn="17",type="RC",opcode="RDMA_WRITE"} 4)"));
+  EXPECT_TRUE(has(R"(shunt_qp_errors_total{pid="100",job="j",rank="0",device="rxe0",qpn="17",type="RC",status="retry counter exceeded"} 1)"));
+  EXPECT_TRUE(has(R"(shunt_socket_tx_bytes_total{pid="100",job="j",rank="0",role="client",local="10.0.0.1:5",remote="10.0.0.2:6"} 111)"));
+  EXPECT_TRUE(has(R"(shunt_failovers_total{pid="100",job="j",rank="0"} 2)"));
+  EXPECT_TRUE(has(R"(shunt_processes{state="exited"} 1)"));
+  EXPECT_TRUE(has(R"(shunt_sockets{state="closed",role="client"} 2)"));
+  EXPECT_TRUE(has(R"(shunt_path_up{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 1)"));
+  EXPECT_TRUE(has(R"(shunt_path_rtt_seconds{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 1e-06)"));
+  EXPECT_TRUE(has(R"(shunt_path_one_way_delay_seconds{peer="b",rail="0",path="10.0.0.1->10.0.0.2",direction="tx",percentile="99"} 9e-07)"));
+  EXPECT_EQ(t.find("direction=\"rx\",percentile=\"99\""), std::string::npos) << "unknown delay exported";
+  // Path bytes: both members' sockets between the path's two addresses.
+  EXPECT_TRUE(has(R"(shunt_path_tx_bytes_total{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 222)"));
+  EXPECT_TRUE(has(R"(shunt_peer_clock_offset_seconds{peer="b"} 1.5e-06)"));
+  EXPECT_TRUE(has(R"(shunt_build_info{version=")" SHUNT_VERSION R"("} 1)"));
+}
+
+TEST(TelemetryMetrics, EveryFamilyDeclaredOnceEvenWithoutData) {
+  std::string t = render_metrics(HostView{});
+  for (const char* f : {"shunt_failovers_total", "shunt_bundles", "shunt_path_up", "shunt_qp_tx_bytes_total"}) {
+    std::string type = std::string("# TYPE ") + f + " ";
+    size_t at = t.find(type);
+    EXPECT_NE(at, std::string::npos) << f;
+    EXPECT_EQ(t.find(type, at + 1), std::string::npos) << f;
+  }
+}
+
+}  // namespace
+}  // namespace shunt::telemetry
