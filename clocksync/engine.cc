@@ -503,13 +503,20 @@ void ProbeEngine::correct_loops(int64_t now) {
       } else {
         Edge& a = it->second.first;
         double off = e.from == a.from ? e.offset_ns : -e.offset_ns;
+        // Two views further apart than their bounds allow: one is stale (a
+        // step one end has seen and the other not yet). Use neither.
+        if (it->second.second < 0 || std::fabs(a.offset_ns - off) > a.bound_ns + e.bound_ns) {
+          it->second.second = -1;
+          continue;
+        }
+        a.bound_ns = std::max(std::min(a.bound_ns, e.bound_ns), std::fabs(a.offset_ns - off) / 2);
         a.offset_ns = (a.offset_ns + off) / 2;
-        a.bound_ns = std::min(a.bound_ns, e.bound_ns);
         it->second.second++;
       }
     }
   }
-  for (auto& [k, v] : between) edges.push_back(v.first);
+  for (auto& [k, v] : between)
+    if (v.second > 0) edges.push_back(v.first);
   LoopSolution sol;
   bool ok = solve_loops(n, 0, edges, &sol);
   for (int i = 0; i < int(peers_.size()); i++) {
@@ -545,6 +552,13 @@ PeerClock ProbeEngine::clock_of(const Peer& p, int64_t now) const {
     double dt = double(now - p.corr_at);
     c.offset_ns = p.corr_offset + m.drift * dt;
     c.bound_ns = p.corr_bound + m.bound_rate * std::max(0.0, dt);
+    // The correction may only move the estimate within the direct bound: a
+    // loop still holding a stale view (a step not yet seen everywhere, or one
+    // this estimator just took) must not pull it out.
+    if (std::fabs(c.offset_ns - c.direct_offset_ns) > c.direct_bound_ns) {
+      c.offset_ns = c.direct_offset_ns;
+      c.bound_ns = c.direct_bound_ns;
+    }
   }
   return c;
 }

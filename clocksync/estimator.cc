@@ -119,9 +119,16 @@ void OffsetEstimator::add(int dir, const Sample& s) {
     // proof (the other direction, below) is missing: while the other
     // direction has said nothing since the run began, the model is suspect.
     if (-below > limit) {
-      if (above_n_[dir]++ == 0) above_since_[dir] = s.t;
+      if (above_n_[dir]++ == 0) {
+        above_since_[dir] = s.t;
+        above_min_[dir] = above_max_[dir] = -below;
+      }
+      above_min_[dir] = std::min(above_min_[dir], -below);
+      above_max_[dir] = std::max(above_max_[dir], -below);
+      above_limit_[dir] = limit;
     } else {
       above_n_[dir] = 0;
+      last_clean_t_[dir] = std::max(last_clean_t_[dir], s.t);  // on the envelope (or below)
     }
     last_t_[dir] = std::max(last_t_[dir], s.t);
     if (below > limit) {
@@ -135,8 +142,9 @@ void OffsetEstimator::add(int dir, const Sample& s) {
       publish();
       return;
     }
-    if (dir == cand_dir_ && !cand_.empty()) {
-      // The next sample in the same direction is back on the envelope: a glitch.
+    if (dir == cand_dir_ && !cand_.empty() && below >= -limit) {
+      // The next sample in the same direction is back on the envelope: a
+      // glitch. (One far above it, queued, says nothing either way.)
       glitches_ += cand_.size();
       cand_.clear();
       cand_dir_ = -1;
@@ -177,8 +185,15 @@ void OffsetEstimator::tick(int64_t now) {
 void OffsetEstimator::publish() {
   model_ = fit_;
   bool silent = false;
-  for (int d = 0; d < 2; d++)
-    silent |= above_n_[d] >= p_.step_samples && last_t_[1 - d] < above_since_[d];
+  for (int d = 0; d < 2; d++) {
+    // Direction d sits far above the envelope and the other direction has
+    // not confirmed the model since: either it said nothing, or d's shift is
+    // steady (a step or a route change; queueing varies) and the other
+    // direction's samples were all queued.
+    bool steady = above_max_[d] - above_min_[d] <= above_limit_[d];
+    silent |= above_n_[d] >= p_.step_samples && last_clean_t_[1 - d] < above_since_[d] &&
+              (steady || last_t_[1 - d] < above_since_[d]);
+  }
   model_.valid = fit_.valid && fit_gen_ == steps_ && cand_.empty() && !silent;
 }
 

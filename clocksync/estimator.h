@@ -107,7 +107,9 @@ class OffsetEstimator {
   std::vector<Sample> cand_;  // samples below the envelope awaiting confirmation
   int above_n_[2] = {0, 0};   // per direction: consecutive samples far above the envelope
   int64_t above_since_[2] = {0, 0};
+  double above_min_[2] = {0, 0}, above_max_[2] = {0, 0}, above_limit_[2] = {0, 0};
   int64_t last_t_[2] = {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::min()};
+  int64_t last_clean_t_[2] = {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::min()};
   uint64_t steps_ = 0, glitches_ = 0;
 };
 
