@@ -1,0 +1,225 @@
+#include "interpose/peer/channel.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
+#include "interpose/peer/control.h"
+
+namespace shunt::peer {
+
+namespace {
+using nlohmann::json;
+
+constexpr int kMaxConns = 64;
+constexpr int64_t kHandshakeMs = 5000, kIdleMs = 60000;
+
+int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct Conn {
+  int fd;
+  std::string who;
+  ServerSession session;
+  int64_t deadline;
+  std::vector<uint8_t> out;
+};
+
+struct Listener {
+  int fd = -1;
+  Key job{};
+  RequestHandler handler;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  std::atomic<uint64_t> accepted{0}, authenticated{0}, dropped{0}, requests{0};
+  int64_t log_window = 0;
+  int logged = 0;
+};
+Listener* g_listener = nullptr;
+
+// One line per dropped connection, at most 10 a second (a flood of junk
+// must not flood the log).
+void log_drop(Listener& l, const std::string& who, const std::string& why) {
+  l.dropped++;
+  int64_t now = now_ms();
+  if (now - l.log_window >= 1000) l.log_window = now, l.logged = 0;
+  if (l.logged++ < 10) log::warn("peer channel: {} dropped: {}", who, why);
+}
+
+bool flush(Conn& c) {
+  while (!c.out.empty()) {
+    ssize_t r = ::send(c.fd, c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r > 0) {
+      c.out.erase(c.out.begin(), c.out.begin() + r);
+      continue;
+    }
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+  }
+  return true;
+}
+
+void serve(Listener& l) {
+  ReentryGuard g;
+  pthread_setname_np(pthread_self(), "shunt-peer");
+  std::vector<std::unique_ptr<Conn>> conns;
+  while (!l.stop.load()) {
+    std::vector<pollfd> fds{{l.fd, POLLIN, 0}};
+    for (auto& c : conns) fds.push_back({c->fd, static_cast<short>(POLLIN | (c->out.empty() ? 0 : POLLOUT)), 0});
+    poll(fds.data(), fds.size(), 200);
+    int64_t now = now_ms();
+    if (fds[0].revents & POLLIN) {
+      sockaddr_in a{};
+      socklen_t al = sizeof a;
+      for (int fd; (fd = ::accept4(l.fd, reinterpret_cast<sockaddr*>(&a), &al, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
+        char ip[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+        std::string who = std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+        l.accepted++;
+        if (static_cast<int>(conns.size()) >= kMaxConns) {
+          log_drop(l, who, "too many connections");
+          ::close(fd);
+          continue;
+        }
+        auto c = std::make_unique<Conn>(Conn{fd, who, ServerSession(l.job, random_nonce()), now + kHandshakeMs, {}});
+        c->out = c->session.hello();
+        flush(*c);
+        conns.push_back(std::move(c));
+        al = sizeof a;
+      }
+    }
+    for (size_t i = 1; i < fds.size(); i++) {
+      Conn& c = *conns[i - 1];
+      bool drop = false;
+      std::string why;
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        uint8_t buf[16384];
+        ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+          drop = true;  // closed by the peer: not an error worth a line
+          if (!c.session.authenticated()) why = "closed before authenticating";
+        } else if (r > 0) {
+          bool was = c.session.authenticated();
+          uint64_t before = c.session.requests();
+          if (!c.session.on_bytes(buf, static_cast<size_t>(r), l.handler, &c.out, &why)) drop = true;
+          if (!was && c.session.authenticated()) l.authenticated++;
+          if (c.session.authenticated()) c.deadline = now + kIdleMs;
+          l.requests += c.session.requests() - before;
+        }
+      }
+      if (!drop && !flush(c)) drop = true, why = "cannot send";
+      if (!drop && now > c.deadline) drop = true, why = c.session.authenticated() ? "idle" : "no handshake in time";
+      if (drop) {
+        if (!why.empty() && why != "idle") log_drop(l, c.who, why);
+        ::close(c.fd);
+        c.fd = -1;
+      }
+    }
+    std::erase_if(conns, [](const std::unique_ptr<Conn>& c) { return c->fd < 0; });
+  }
+  for (auto& c : conns) ::close(c->fd);
+}
+}  // namespace
+
+bool start_listener(const std::string& addr, int port, const Key& job, RequestHandler h) {
+  if (g_listener) return true;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 64) != 0) {
+    log::warn("peer channel: cannot listen on {}:{}: {}", addr, port, strerror(errno));
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  auto* l = new Listener;
+  l->fd = fd;
+  l->job = job;
+  l->handler = std::move(h);
+  l->thread = std::thread(serve, std::ref(*l));
+  g_listener = l;
+  log::info("peer channel: listening on {}:{}", addr, port);
+  return true;
+}
+
+void stop_listener() {
+  if (!g_listener) return;
+  g_listener->stop.store(true);
+  if (g_listener->thread.joinable()) g_listener->thread.join();
+  ::close(g_listener->fd);
+  g_listener = nullptr;  // leaked on purpose: counters may still be read
+}
+
+ListenerCounters listener_counters() {
+  if (!g_listener) return {};
+  return {g_listener->accepted.load(), g_listener->authenticated.load(), g_listener->dropped.load(),
+          g_listener->requests.load()};
+}
+
+std::optional<json> call(const std::string& addr, int port, const Key& job, const json& req, int timeout_ms,
+                         std::string* err) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1) {
+    *err = "bad address " + addr;
+    if (fd >= 0) ::close(fd);
+    return std::nullopt;
+  }
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    *err = "cannot reach " + addr + ":" + std::to_string(port) + ": " + strerror(errno);
+    ::close(fd);
+    return std::nullopt;
+  }
+  ClientSession s(job, random_nonce());
+  bool sent = false;
+  std::optional<json> out;
+  int64_t deadline = now_ms() + timeout_ms;
+  while (!out && now_ms() < deadline) {
+    uint8_t buf[16384];
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r <= 0) {
+      *err = r == 0 ? "the peer closed the connection (wrong job key?)" : std::string("receive: ") + strerror(errno);
+      break;
+    }
+    std::vector<uint8_t> reply;
+    if (!s.on_bytes(buf, static_cast<size_t>(r), &reply, err)) break;
+    if (s.ready() && !sent) {
+      auto q = s.request(req);
+      reply.insert(reply.end(), q.begin(), q.end());
+      sent = true;
+    }
+    if (!reply.empty() && !write_all(fd, std::string(reply.begin(), reply.end()), timeout_ms)) {
+      *err = "cannot send";
+      break;
+    }
+    if (s.has_reply()) out = s.take_reply();
+  }
+  if (!out && err->empty()) *err = "no reply in time";
+  ::close(fd);
+  return out;
+}
+
+}  // namespace shunt::peer

@@ -1,0 +1,28 @@
+// The peer channel over TCP: the host agent's listener (a host service) and
+// the client call other hosts' shims use. Sessions: session.h.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "interpose/peer/session.h"
+
+namespace shunt::peer {
+
+// Starts the listener thread (SHUNT_PEER_ADDR:SHUNT_PEER_PORT) answering
+// requests with `h`; false (and one log line) when it cannot listen.
+bool start_listener(const std::string& addr, int port, const Key& job, RequestHandler h);
+void stop_listener();
+
+// Connects to a peer's agent, authenticates with the job key, sends one
+// request and returns its reply, or nullopt with *err set.
+std::optional<nlohmann::json> call(const std::string& addr, int port, const Key& job,
+                                   const nlohmann::json& req, int timeout_ms, std::string* err);
+
+// Counters of the listener (for tests and metrics).
+struct ListenerCounters {
+  uint64_t accepted = 0, authenticated = 0, dropped = 0, requests = 0;
+};
+ListenerCounters listener_counters();
+
+}  // namespace shunt::peer
