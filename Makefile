@@ -67,7 +67,7 @@ MICRO_BIN   := $(BUILD)/bench/micro
 MAN_STATIC  := $(wildcard man/*.[1-9])
 MAN_GEN     := $(patsubst man/%.in,$(BUILD)/man/%,$(wildcard man/*.in))
 
-.PHONY: readme-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
+.PHONY: demo readme-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
 all: $(SHUNT_SO) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
 
 -include mk/*.mk
@@ -144,6 +144,12 @@ test: deps
 
 test-unit: $(UNIT_BIN)
 	$(UNIT_BIN)
+
+# The README's first command: the link-down scenario on the default fabric
+# (2 guests, 2 rails, 2 spines), without and with libshunt, side by side.
+demo: deps
+	$(MAKE) -j$(JOBS) all
+	$(BUILD)/bin/shunt-bench scenario link-down --out $(BUILD)/demo
 
 # ---------------------------------------------------------------- sanitizers
 asan:
