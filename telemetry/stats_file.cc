@@ -10,6 +10,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "interpose/socket/fd_table.h"
+#include "interpose/socket/mptcp_info.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/event_log.h"
 #include "telemetry/identity.h"
@@ -112,6 +113,7 @@ json stats_json() {
   });
   json socks = json::array();
   sock::for_each([&](const sock::SocketRecord& r) {
+    json mptcp = r.mptcp.load() && r.open.load() ? sock::mptcp_json(r.fd) : json(nullptr);
     socks.push_back({{"fd", r.fd},
                      {"family", r.family == AF_INET6 ? "inet6" : "inet"},
                      {"role", role_name(r.role)},
@@ -120,7 +122,8 @@ json stats_json() {
                      {"tx_bytes", r.tx_bytes.load()},
                      {"rx_bytes", r.rx_bytes.load()},
                      {"accepts", r.accepts.load()},
-                     {"open", r.open.load()}});
+                     {"open", r.open.load()},
+                     {"mptcp", std::move(mptcp)}});
   });
   const char* modes[] = {"off", "observe", "active"};
   return {{"version", SHUNT_VERSION},

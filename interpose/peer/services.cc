@@ -6,6 +6,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/socket/rail_steering.h"
+#include "interpose/socket/rail_steering.h"
 #include "telemetry/agent_services.h"
 
 namespace shunt::agent {
@@ -72,6 +73,7 @@ void register_builtin_services() {
                         if (g_engine) g_engine->stop();
                       }});
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
+    register_service(sock::rail_service([] { return g_engine; }));
     register_service(sock::rail_service([] { return g_engine; }));
     register_auto_peers([] { return g_engine; });
     telemetry::register_agent_services([] { return g_engine; });

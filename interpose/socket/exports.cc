@@ -14,6 +14,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/socket/fd_table.h"
+#include "interpose/socket/mptcp_upgrade.h"
 
 // Declared by glibc only under _FORTIFY_SOURCE; shunt wraps them always.
 extern "C" {
@@ -60,6 +61,7 @@ void track_accepted(int listener, int fd) {
   if (l->local_len == 0) sock::refresh_addresses(l);
   l->accepts.fetch_add(1, std::memory_order_relaxed);
   sock::SocketRecord* r = sock::track(fd, l->family, Role::accepted);
+  if (r) r->mptcp.store(l->mptcp.load(std::memory_order_relaxed), std::memory_order_relaxed);
   sock::refresh_addresses(r);
 }
 
@@ -72,15 +74,60 @@ struct ErrnoKeeper {
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
 EXPORT int socket(int domain, int type, int protocol) {
-  bool act = acting();
-  int fd = SHUNT_REAL(socket)(domain, type, protocol);
-  if (act && fd >= 0 && is_tcp(domain, type, protocol)) {
+  bool act = acting() && is_tcp(domain, type, protocol) && sock::sockets_mode() != sock::SocketsMode::off;
+  int fd = -1;
+  bool upgraded = false;
+  if (act && sock::upgrade_wanted()) {
+    fd = SHUNT_REAL(socket)(domain, type, sock::kProtoMptcp);
+    if (fd >= 0) {
+      upgraded = true;
+    } else {
+      ReentryGuard g;
+      sock::upgrade_failed(errno);
+    }
+  }
+  if (fd < 0) fd = SHUNT_REAL(socket)(domain, type, protocol);
+  if (act && fd >= 0) {
     ErrnoKeeper k;
     ReentryGuard g;
-    sock::track(fd, domain, Role::unknown);
+    if (sock::SocketRecord* r = sock::track(fd, domain, Role::unknown); r && upgraded) {
+      r->mptcp.store(true, std::memory_order_relaxed);
+      sock::count_upgrade();
+    }
     agent::ensure_started();
   }
   return fd;
+}
+
+// An MPTCP socket refuses some options a TCP socket takes (TCP_USER_TIMEOUT,
+// TCP_QUICKACK, IP_TTL, ... on this kernel): the application never sees that.
+EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  int ret = SHUNT_REAL(setsockopt)(fd, level, name, val, len);
+  sock::SocketRecord* r = tracked(fd);
+  if (!r || !r->mptcp.load(std::memory_order_relaxed) || in_shunt()) return ret;
+  int err = errno;
+  ReentryGuard g;
+  if (ret == 0) {
+    sock::remember_option(r, level, name, val, len);
+    errno = err;
+    return 0;
+  }
+  return sock::mptcp_setsockopt_fallback(r, fd, level, name, val, len, err);
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
+  int ret = SHUNT_REAL(getsockopt)(fd, level, name, val, len);
+  sock::SocketRecord* r = tracked(fd);
+  if (!r || !r->mptcp.load(std::memory_order_relaxed) || in_shunt()) return ret;
+  if (ret == 0) {
+    // The application asked for TCP and sees TCP.
+    if (level == SOL_SOCKET && name == SO_PROTOCOL && val && len && *len >= sizeof(int))
+      *static_cast<int*>(val) = IPPROTO_TCP;
+    return 0;
+  }
+  int err = errno;
+  ReentryGuard g;
+  return sock::mptcp_getsockopt_fallback(r, fd, level, name, val, len, err);
 }
 
 EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
@@ -121,7 +168,14 @@ EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
 EXPORT int close(int fd) {
   // Untrack first: once the real close returns, the fd number may be reused
   // by another thread's socket() before we could clear the slot.
-  if (sock::find(fd)) sock::untrack(fd);
+  if (sock::SocketRecord* r = sock::find(fd)) {
+    if (r->mptcp.load(std::memory_order_relaxed)) {
+      ErrnoKeeper k;
+      ReentryGuard g;
+      sock::forget_options(fd);
+    }
+    sock::untrack(fd);
+  }
   return SHUNT_REAL(close)(fd);
 }
 

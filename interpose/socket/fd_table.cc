@@ -92,6 +92,7 @@ void reset_after_fork() {
     r.local_len = old->local_len;
     r.peer = old->peer;
     r.peer_len = old->peer_len;
+    r.mptcp.store(old->mptcp.load(std::memory_order_relaxed), std::memory_order_relaxed);
     g_fds[fd].store(&r, std::memory_order_relaxed);
   }
   g_records = fresh;  // the parent's copy is simply left behind in the child

@@ -21,6 +21,9 @@ struct SocketRecord {
   std::atomic<uint64_t> tx_bytes{0}, rx_bytes{0};
   std::atomic<uint64_t> connects{0}, accepts{0};
   std::atomic<bool> open{true};
+  std::atomic<bool> mptcp{false};    // opened as IPPROTO_MPTCP by shunt
+  std::atomic<uint32_t> downgrades{0};  // put back to TCP for an option MPTCP refuses
+  std::atomic<uint32_t> ignored_opts{0};  // options kept aside on a connected MPTCP socket
 };
 
 constexpr int kMaxFd = 1 << 16;

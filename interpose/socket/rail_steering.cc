@@ -1,0 +1,319 @@
+#include "interpose/socket/rail_steering.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <linux/mptcp.h>
+#include <net/if.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "clocksync/engine.h"
+#include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
+#include "interpose/socket/mptcp_pm.h"
+#include "interpose/socket/mptcp_upgrade.h"
+#include "interpose/socket/subflow_watch.h"
+
+namespace shunt::sock {
+
+namespace {
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+constexpr int kTickMs = 50;
+constexpr int64_t kFlapWindowMs = 30000;
+
+struct Rail {
+  Endpoint addr;               // the port-less endpoint that steering flips
+  std::set<std::string> dead;  // probe peers whose path on this rail is dead
+  std::set<std::string> seen;  // ... that was alive once (a path not yet up is no failure)
+  bool inband_bad = false;
+  bool backup = false;
+  int64_t good_since = 0, last_restore = -kFlapWindowMs, hold_ms = 0;
+  uint64_t failures = 0;
+  std::string reason;
+};
+
+struct State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread thread;
+  std::vector<Rail> rails;
+  std::vector<Endpoint> added;  // removed again at stop
+  std::vector<std::string> missing;
+  std::string status = "not started";
+  bool steering = false;  // endpoints writable
+  uint32_t old_limits[2] = {0, 0};
+  bool limits_changed = false;
+  PathManager pm;
+  // The probe engine's path liveness, read every tick (its on_path_change
+  // holds one callback, which telemetry takes).
+  clocksync::ProbeEngine* engine = nullptr;
+};
+State* g = nullptr;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find_first_of(", ", i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> rail_addrs() {
+  const Config& c = config();
+  if (!c.str(Param::socket_rails).empty()) return split(c.str(Param::socket_rails));
+  if (!c.str(Param::probe_addrs).empty()) return split(c.str(Param::probe_addrs));
+  std::vector<std::pair<unsigned, std::string>> found;
+  ifaddrs* ifa = nullptr;
+  if (getifaddrs(&ifa) != 0) return {};
+  for (ifaddrs* i = ifa; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP)) continue;
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+    found.emplace_back(if_nametoindex(i->ifa_name), buf);
+  }
+  freeifaddrs(ifa);
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+bool same(const Endpoint& a, const Endpoint& b) {
+  return a.family == b.family && a.port == b.port && memcmp(&a.addr, &b.addr, a.family == AF_INET ? 4 : 16) == 0;
+}
+
+// Makes `want` exist; returns it with the kernel's id (0 when missing).
+Endpoint ensure_endpoint(State& s, Endpoint want) {
+  std::string err;
+  std::vector<Endpoint> have;
+  if (s.pm.endpoints(&have, &err))
+    for (auto& e : have)
+      if (same(e, want)) return e;
+  if (!s.pm.add(want, &err)) {
+    s.missing.push_back(want.ip_command());
+    log::debug("sockets: cannot add MPTCP endpoint {}: {}", want.ip_command(), err);
+    return want;
+  }
+  if (s.pm.endpoints(&have, &err))
+    for (auto& e : have)
+      if (same(e, want)) {
+        s.added.push_back(e);
+        return e;
+      }
+  return want;
+}
+
+void setup(State& s) {
+  const Config& c = config();
+  std::vector<std::string> addrs = rail_addrs();
+  std::string err;
+  if (addrs.empty()) {
+    s.status = "no rails (SHUNT_SOCKET_RAILS, SHUNT_PROBE_ADDRS, or an interface that is up)";
+    return;
+  }
+  if (!s.pm.open(&err)) {
+    s.status = err;
+    log::once(LogLevel::warn, "mptcp-pm", "sockets: " + err + ": subflows only as the kernel's own settings give");
+    return;
+  }
+  uint16_t port = static_cast<uint16_t>(c.num(Param::mptcp_join_port));
+  for (size_t i = 0; i < addrs.size(); i++) {
+    Rail r;
+    if (!parse_addr(addrs[i], &r.addr)) {
+      log::error("sockets: rail address '{}' is no IP address", addrs[i]);
+      continue;
+    }
+    r.addr = ensure_endpoint(s, r.addr);
+    if (i > 0) {
+      Endpoint sig = r.addr;
+      sig.id = 0;
+      sig.port = port;
+      sig.flags = MPTCP_PM_ADDR_FLAG_SIGNAL;
+      ensure_endpoint(s, sig);
+    }
+    s.rails.push_back(r);
+  }
+  uint32_t n = static_cast<uint32_t>(std::min<size_t>(s.rails.size(), 8));
+  uint32_t sub = 0, acc = 0;
+  if (s.pm.get_limits(&sub, &acc, &err) && (sub < n || acc < n)) {
+    uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
+    if (s.pm.set_limits(want_sub, want_acc, &err)) {
+      s.old_limits[0] = sub;
+      s.old_limits[1] = acc;
+      s.limits_changed = true;
+    } else {
+      s.missing.push_back("ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " +
+                          std::to_string(want_acc));
+    }
+  }
+  s.steering = s.missing.empty();
+  s.status = s.missing.empty() ? "ok" : "incomplete";
+  if (!s.missing.empty()) {
+    std::string cmds;
+    for (auto& m : s.missing) cmds += "; " + m;
+    log::once(LogLevel::warn, "mptcp-missing",
+              "sockets: cannot set the MPTCP endpoints (needs CAP_NET_ADMIN); using what is configured. "
+              "To give every rail a subflow run as root (also in `shuntctl sockets`): " + cmds.substr(2));
+  }
+  log::info("sockets: {} rails, MPTCP endpoints {}", s.rails.size(), s.status);
+}
+
+void set_backup(State& s, Rail& r, bool backup, const std::string& why) {
+  std::string err;
+  if (s.steering && !s.pm.set_backup(r.addr, backup, &err)) {
+    log::once(LogLevel::warn, "mptcp-setflags", "sockets: cannot mark a rail backup: " + err);
+    return;
+  }
+  r.backup = backup;
+  if (backup) {
+    r.failures++;
+    r.reason = why;
+    log::info("sockets: rail {} failing ({}): marked backup", r.addr.addr_str(), why);
+  } else {
+    log::info("sockets: rail {} healthy for {} ms: restored", r.addr.addr_str(), r.hold_ms);
+    r.reason.clear();
+  }
+}
+
+void tick(State& s, bool inband) {
+  std::vector<AddrHealth> health;
+  std::string err;
+  if (inband) {
+    std::vector<in6_addr> addrs;
+    for (auto& r : s.rails) addrs.push_back(r.addr.addr);
+    if (!s.rails.empty() && !subflow_health(addrs, s.rails[0].addr.family, &health, &err)) health.clear();
+  }
+  if (s.engine) {
+    for (auto& r : s.rails) r.dead.clear();
+    for (const auto& peer : s.engine->report())
+      for (size_t i = 0; i < peer.paths.size() && i < s.rails.size(); i++)
+        if (peer.paths[i].alive) s.rails[i].seen.insert(peer.name);
+        else if (s.rails[i].seen.count(peer.name)) s.rails[i].dead.insert(peer.name);
+  }
+  int64_t now = now_ms();
+  int64_t base = config().num(Param::rail_restore_ms);
+  for (size_t i = 0; i < s.rails.size(); i++) {
+    Rail& r = s.rails[i];
+    // In-band: every busy subflow of the rail stuck. Once the rail is
+    // backup it carries nothing new, so a clean dump does not prove health;
+    // the hold time and its doubling do the rest.
+    if (i < health.size()) r.inband_bad = health[i].busy > 0 && health[i].stalled == health[i].busy;
+    bool bad = !r.dead.empty() || r.inband_bad;
+    if (bad) {
+      r.good_since = 0;
+      if (!r.backup) {
+        r.hold_ms = now - r.last_restore < kFlapWindowMs ? std::min(std::max(r.hold_ms, base) * 2, base * 32) : base;
+        set_backup(s, r, true, !r.dead.empty() ? "probes lost" : "subflows stalled");
+      }
+    } else if (r.backup) {
+      if (!r.good_since) r.good_since = now;
+      if (now - r.good_since >= r.hold_ms) {
+        set_backup(s, r, false, "");
+        r.last_restore = now;
+      }
+    }
+  }
+}
+
+void run(State& s) {
+  pthread_setname_np(pthread_self(), "shunt-rails");
+  ReentryGuard guard;
+  bool inband = config().num(Param::rail_inband) == 0;
+  std::unique_lock lk(s.mu);
+  while (!s.stopping) {
+    tick(s, inband);
+    s.cv.wait_for(lk, std::chrono::milliseconds(kTickMs));
+  }
+  for (auto& r : s.rails)
+    if (r.backup) set_backup(s, r, false, "");
+}
+
+void start(const std::function<clocksync::ProbeEngine*()>& engine) {
+  if (current_mode() != Mode::active || sockets_mode() != SocketsMode::mptcp) return;
+  auto* s = new State;
+  g = s;
+  if (config().num(Param::mptcp_endpoints) != 0) {
+    s->status = "off (SHUNT_MPTCP_ENDPOINTS)";
+    return;
+  }
+  std::lock_guard lk(s->mu);
+  setup(*s);
+  if (s->rails.empty() || !s->steering) return;
+  s->engine = engine ? engine() : nullptr;
+  s->thread = std::thread(run, std::ref(*s));
+}
+
+void stop() {
+  State* s = g;
+  if (!s) return;
+  {
+    std::lock_guard lk(s->mu);
+    s->stopping = true;
+    s->cv.notify_all();
+  }
+  if (s->thread.joinable()) s->thread.join();
+  std::string err;
+  for (auto& e : s->added) s->pm.remove(e, &err);
+  if (s->limits_changed) s->pm.set_limits(s->old_limits[0], s->old_limits[1], &err);
+}
+
+json endpoint_json(const Endpoint& e) {
+  return {{"id", e.id}, {"addr", e.addr_str()}, {"port", e.port}, {"flags", e.flags},
+          {"signal", (e.flags & MPTCP_PM_ADDR_FLAG_SIGNAL) != 0}, {"backup", (e.flags & MPTCP_PM_ADDR_FLAG_BACKUP) != 0}};
+}
+
+json sockets_json() {
+  json j = {{"sockets_mode", sockets_mode() == SocketsMode::mptcp ? "mptcp" : "observe"},
+            {"upgraded_in_agent_process", upgraded_count()}};
+  State* s = g;
+  if (!s) {
+    j["status"] = "off";
+    return j;
+  }
+  std::lock_guard lk(s->mu);
+  j["status"] = s->status;
+  j["missing"] = s->missing;
+  json rails = json::array();
+  for (size_t i = 0; i < s->rails.size(); i++) {
+    const Rail& r = s->rails[i];
+    rails.push_back({{"rail", i}, {"addr", r.addr.addr_str()}, {"endpoint_id", r.addr.id}, {"backup", r.backup},
+                     {"reason", r.reason}, {"dead_to", std::vector<std::string>(r.dead.begin(), r.dead.end())},
+                     {"inband_stalled", r.inband_bad}, {"failures", r.failures}, {"hold_ms", r.hold_ms}});
+  }
+  j["rails"] = rails;
+  std::vector<Endpoint> eps;
+  std::string err;
+  json ej = json::array();
+  if (s->pm.endpoints(&eps, &err))
+    for (auto& e : eps) ej.push_back(endpoint_json(e));
+  j["endpoints"] = ej;
+  uint32_t sub = 0, acc = 0;
+  if (s->pm.get_limits(&sub, &acc, &err)) j["limits"] = {{"subflows", sub}, {"add_addr_accepted", acc}};
+  return j;
+}
+}  // namespace
+
+agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine) {
+  agent::register_command("sockets", [](const json&) { return sockets_json(); });
+  return {"mptcp-rails", [engine] { start(engine); }, stop};
+}
+
+}  // namespace shunt::sock
