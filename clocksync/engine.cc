@@ -64,6 +64,7 @@ struct ProbeEngine::Peer {
   std::string name;
   uint64_t id = 0;
   bool id_confirmed = false;
+  bool by_address = false;  // named after its address until a named spec merges in
   std::vector<PathState> paths;
   OffsetEstimator est;
   PairFilter filter;
@@ -181,6 +182,19 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
   Peer* p = nullptr;
   for (auto& q : peers_)
     if (q->name == spec.name) p = q.get();
+  // The same host under another name (one side found it from a connection,
+  // by address; the other named it): merge by any rail address.
+  for (size_t i = 0; !p && i < spec.addrs.size(); i++) {
+    sockaddr_in a{};
+    if (spec.addrs[i].empty() || !parse_ipv4(spec.addrs[i], cfg_.port, &a)) continue;
+    for (auto& q : peers_)
+      if (i < q->paths.size() && q->paths[i].remote.sin_addr.s_addr == a.sin_addr.s_addr) p = q.get();
+  }
+  if (p && p->by_address && !spec.by_address && p->name != spec.name) {
+    p->name = spec.name;  // a real name wins over an address
+    p->by_address = false;
+    if (!p->id_confirmed) p->id = node_id(spec.name);
+  }
   if (!p) {
     if (int(peers_.size()) >= cfg_.max_peers) {
       log::warn("clocksync: peer limit {} reached, {} not probed", cfg_.max_peers, spec.name);
@@ -190,6 +204,7 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
     p = peers_.back().get();
     p->name = spec.name;
     p->id = node_id(spec.name);
+    p->by_address = spec.by_address;
     // Spread peers over the interval so the pairs of different peers do not collide.
     std::mt19937_64 rng(p->id ^ self_id_);
     p->next_send = ts_.now() + int64_t(rng() % uint64_t(cfg_.interval_ns));
@@ -197,6 +212,9 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
   size_t n = std::min(spec.addrs.size(), cfg_.local_addrs.size());
   if (p->paths.size() < n) p->paths.resize(n);
   for (size_t i = 0; i < n; i++) {
+    // An empty address: that rail of the peer is not known (yet); not probed.
+    if (spec.addrs[i].empty()) continue;
+    if (spec.by_address && p->paths[i].remote.sin_addr.s_addr != 0) continue;
     parse_ipv4(spec.addrs[i], cfg_.port, &p->paths[i].remote);
     if (p->paths[i].next_seq == 0) p->paths[i].next_seq = seq_base_;
   }
@@ -261,7 +279,8 @@ void ProbeEngine::run() {
 void ProbeEngine::send_due(int64_t now) {
   for (auto& p : peers_) {
     if (p->next_send > now) continue;
-    for (size_t r = 0; r < p->paths.size(); r++) send_pair(*p, int(r), now);
+    for (size_t r = 0; r < p->paths.size(); r++)
+      if (p->paths[r].remote.sin_addr.s_addr != 0) send_pair(*p, int(r), now);
     // Keep the schedule, with a little jitter so hosts do not phase-lock.
     p->next_send += cfg_.interval_ns;
     if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
@@ -275,7 +294,9 @@ void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
   Probe pr;
   pr.path = uint8_t(rail);
   pr.sender_id = self_id_;
-  pr.receiver_id = p.id;
+  // A peer found by address does not know our id for it yet: 0 is "whoever
+  // listens on this address" until its first probe tells us its id.
+  pr.receiver_id = p.by_address && !p.id_confirmed ? 0 : p.id;
   pr.seq = ps.next_seq++;
   pr.tx_app_ns = now;
   const TxPair& prev = ps.tx[(pr.seq - 1) % kRing];

@@ -41,7 +41,10 @@ namespace shunt::clocksync {
 
 struct PeerSpec {
   std::string name;                // the name the peer calls itself (its SHUNT_PROBE_NAME)
-  std::vector<std::string> addrs;  // IPv4, one per rail, in rail order
+  std::vector<std::string> addrs;  // IPv4, one per rail, in rail order ("" = that rail unknown)
+  // Found from a connection: named after its address, merged into (and
+  // renamed by) any peer with the same address on the same rail.
+  bool by_address = false;
 };
 
 struct EngineConfig {
@@ -111,7 +114,8 @@ class ProbeEngine {
 
   bool start(std::string* err);  // opens the rails' sockets, starts the thread
   void stop();
-  // Adds a peer (thread-safe, any time). A known name or address merges.
+  // Adds a peer (thread-safe, any time). A known name, or an address known on
+  // the same rail, merges; a named spec renames a peer found by address.
   void add_peer(const PeerSpec& p);
   // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
   void set_probing(bool on) { probing_.store(on); }

@@ -14,6 +14,8 @@ namespace shunt::agent {
 void register_peer_service();  // peer_service.cc
 void register_auto_peers(std::function<clocksync::ProbeEngine*()> engine);  // auto_peers.cc
 
+void register_auto_peers(std::function<clocksync::ProbeEngine*()> engine);  // auto_peers.cc
+
 namespace {
 using nlohmann::json;
 
@@ -73,6 +75,7 @@ void register_builtin_services() {
                         if (g_engine) g_engine->stop();
                       }});
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
+    register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));
     register_service(sock::rail_service([] { return g_engine; }));
     register_auto_peers([] { return g_engine; });

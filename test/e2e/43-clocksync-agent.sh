@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# timeout: 90
+# The probe engine inside the host agent, with peers found automatically:
+# two hosts (network namespaces joined by one veth link, one probe subnet),
+# a preloaded process on each talking TCP to the other (SHUNT_MODE=observe,
+# a private SHUNT_RUN_DIR per host, test clocks with known offsets, no
+# SHUNT_PEERS). Each host's agent must probe the other (named by address),
+# `shuntctl peers --json` must show its offset within its bound of the
+# injected truth, and after the link is cut the path must be declared dead
+# within 3 probe intervals.
+set -u
+cd "$(dirname "$0")/../.."
+. test/e2e/clocksync_lib.bash
+B=${BUILD:-build}
+LIB=$B/lib/libshunt.so CTL=$B/bin/shuntctl
+[ -f "$LIB" ] && [ -x "$CTL" ] || { echo "build $LIB and $CTL first"; exit 77; }
+cs_need_root
+TMP=$(mktemp -d /tmp/clocksync-agent.XXXXXX)
+trap 'cs_cleanup; rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+INTERVAL=100
+A1=10.77.0.1 A2=10.77.0.2
+ip netns add "$(cs_ns a1)"; ip netns add "$(cs_ns a2)"
+ip link add v1 netns "$(cs_ns a1)" type veth peer name v2 netns "$(cs_ns a2)"
+ip -n "$(cs_ns a1)" addr add $A1/24 dev v1; ip -n "$(cs_ns a2)" addr add $A2/24 dev v2
+for i in 1 2; do ip -n "$(cs_ns a$i)" link set lo up; ip -n "$(cs_ns a$i)" link set v$i up; done
+
+OFF[1]=2500000 OFF[2]=-700000   # test clock offsets, ns
+run_host() {  # i addr python-code
+  mkdir -p "$TMP/run$1"
+  ip netns exec "$(cs_ns a$1)" env LD_PRELOAD="$LIB" SHUNT_MODE=observe SHUNT_RUN_DIR="$TMP/run$1" \
+    SHUNT_REPORT_INTERVAL_MS=200 SHUNT_PROBE_ADDRS="$2" SHUNT_PROBE_NAME="a$1" SHUNT_PEERS= \
+    SHUNT_PROBE_INTERVAL_MS=$INTERVAL SHUNT_PATH_DEAD_MS=250 SHUNT_JOB_KEY=clocksync-agent-e2e \
+    SHUNT_CLOCK_SHM="/${CS_PREFIX}a$1" SHUNT_TEST_CLOCK="offset=${OFF[$1]}" \
+    timeout 60 python3 -c "$3" >"$TMP/py$1.log" 2>&1 &
+  CS_PIDS+=($!)
+}
+run_host 2 $A2 "
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('$A2', 5300)); s.listen(1); c, _ = s.accept()
+while c.recv(100): pass
+time.sleep(60)"
+sleep 0.5
+run_host 1 $A1 "
+import socket, time
+c = socket.create_connection(('$A2', 5300))
+for _ in range(600): c.send(b'x'); time.sleep(0.1)"
+
+peers() { SHUNT_RUN_DIR="$TMP/run$1" "$CTL" peers --json 2>/dev/null; }
+check() {  # i peer-addr truth -> prints "ok ERR BOUND" once valid and within bound
+  peers "$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin); d = d.get("peers", d) if isinstance(d, dict) else d
+for p in d:
+    if p["peer"] != sys.argv[1] or not p["clock"]["valid"]: continue
+    err = p["clock"]["offset_ns"] - float(sys.argv[2])
+    print(("ok" if abs(err) <= p["clock"]["bound_ns"] else "out"), round(err), round(p["clock"]["bound_ns"]))
+' "$2" "$3"
+}
+for i in 1 2; do
+  j=$((3 - i)); peer=10.77.0.$j; truth=$(( OFF[j] - OFF[i] )); res=""
+  for _ in $(seq 1 100); do res=$(check $i $peer $truth); [ "${res%% *}" = ok ] && break; sleep 0.1; done
+  [ "${res%% *}" = ok ] || { peers $i; fail "a$i: no estimate of $peer within its bound (got: '$res')"; }
+  echo "ok: a$i sees $peer (found from its TCP socket): error ${res#ok } ns (error, bound)"
+done
+# A few more readings: each within its bound.
+for _ in 1 2 3 4 5; do
+  for i in 1 2; do j=$((3 - i)); r=$(check $i 10.77.0.$j $(( OFF[j] - OFF[i] ))); [ "${r%% *}" = ok ] || fail "a$i: '$r'"; done
+  sleep 0.3
+done
+
+alive() { peers 1 | python3 -c '
+import json, sys
+d = json.load(sys.stdin); d = d.get("peers", d) if isinstance(d, dict) else d
+print(next((str(p["paths"][0]["alive"]).lower() for p in d if p["peer"] == sys.argv[1]), "none"))' "$1"; }
+[ "$(alive $A2)" = true ] || fail "path a1 -> a2 not alive before the cut"
+# One peer with one path on a1: the first "alive" in the answer is that path.
+# Polled with shuntctl and grep only, so the polling adds little to the time.
+t0=$(date +%s%N)
+ip -n "$(cs_ns a1)" link set v1 down
+dead_ms=""
+for _ in $(seq 1 400); do
+  if peers 1 | grep -q '"alive": *false'; then dead_ms=$(( ($(date +%s%N) - t0) / 1000000 )); break; fi
+done
+[ -n "$dead_ms" ] || fail "path never declared dead"
+echo "ok: path a1 -> a2 declared dead ${dead_ms} ms after the cut (as seen through shuntctl)"
+[ "$dead_ms" -le $((3 * INTERVAL + 50)) ] || fail "dead after $dead_ms ms, limit $((3 * INTERVAL)) ms (+50 ms for shuntctl)"
+echo PASS
