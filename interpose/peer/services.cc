@@ -6,14 +6,11 @@
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/socket/rail_steering.h"
-#include "interpose/socket/rail_steering.h"
 #include "telemetry/agent_services.h"
 
 namespace shunt::agent {
 
 void register_peer_service();  // peer_service.cc
-void register_auto_peers(std::function<clocksync::ProbeEngine*()> engine);  // auto_peers.cc
-
 void register_auto_peers(std::function<clocksync::ProbeEngine*()> engine);  // auto_peers.cc
 
 namespace {
@@ -77,8 +74,6 @@ void register_builtin_services() {
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
     register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));
-    register_service(sock::rail_service([] { return g_engine; }));
-    register_auto_peers([] { return g_engine; });
     telemetry::register_agent_services([] { return g_engine; });
     register_peer_service();
   });
