@@ -123,6 +123,7 @@ json stats_json() {
                      {"rx_bytes", r.rx_bytes.load()},
                      {"accepts", r.accepts.load()},
                      {"open", r.open.load()},
+                     {"upgraded", r.mptcp.load()},
                      {"mptcp", std::move(mptcp)}});
   });
   const char* modes[] = {"off", "observe", "active"};
