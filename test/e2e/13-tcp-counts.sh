@@ -9,6 +9,9 @@ export SHUNT_MODE=observe
 SHUNT_STATS_FILE="$TMP/server.json" LD_PRELOAD=$LIB "$B/test/tcp_pair" server "$port" &
 srv=$!
 at_exit "kill $srv 2>/dev/null"
+# The client must find the server listening at once: a refused connect makes
+# it retry with a new socket, which would be a second (empty) record.
+for i in $(seq 1 100); do ss -ltn | grep -q "127.0.0.1:$port " && break; sleep 0.05; done
 SHUNT_STATS_FILE="$TMP/client.json" LD_PRELOAD=$LIB "$B/test/tcp_pair" client "$port" || fail "client failed"
 wait $srv || fail "server failed"
 c=$TMP/client.json s=$TMP/server.json
