@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "interpose/core/log.h"
+#include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
 #include "telemetry/stats_file.h"
@@ -28,12 +29,6 @@ void register_builtin_services();  // services.cc
 
 namespace {
 using nlohmann::json;
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 struct Client {
   int fd;
@@ -76,7 +71,7 @@ bool try_lock(State& s) {
   chmod(s.sock_path.c_str(), 0666);  // reading needs no privilege; reports are checked by uid
   s.listen_fd = fd;
   s.is_agent.store(true);
-  s.started_ms = now_ms();
+  s.started_ms = mono_ms();
   log::info("host agent: serving {}", s.sock_path);
   for (auto& svc : s.services)
     if (svc.start) svc.start();
@@ -92,7 +87,7 @@ json handle(State& s, const json& req, uid_t peer_uid) {
     if (!req.contains("pid") || !req["pid"].is_number_integer() || !req.contains("snapshot"))
       return {{"error", "report needs pid and snapshot"}};
     json snap = req["snapshot"];
-    snap["reported_ms"] = now_ms();
+    snap["reported_ms"] = mono_ms();
     snap["final"] = req.value("final", false);
     s.members[std::to_string(req["pid"].get<long>())] = std::move(snap);
     return {{"ok", true}};
@@ -105,11 +100,11 @@ json handle(State& s, const json& req, uid_t peer_uid) {
                    {"qps", snap.contains("verbs") ? snap["verbs"]["qps"].size() : 0},
                    {"sockets", snap.contains("sockets") ? snap["sockets"].size() : 0},
                    {"exited", snap.value("final", false)},
-                   {"report_age_ms", now_ms() - snap.value("reported_ms", int64_t{0})}});
+                   {"report_age_ms", mono_ms() - snap.value("reported_ms", int64_t{0})}});
     json services = json::array();
     for (auto& svc : s.services) services.push_back(svc.name);
     return {{"agent_pid", getpid()}, {"version", SHUNT_VERSION}, {"run_dir", s.dir},
-            {"uptime_ms", now_ms() - s.started_ms}, {"services", services}, {"members", m}};
+            {"uptime_ms", mono_ms() - s.started_ms}, {"services", services}, {"members", m}};
   }
   if (cmd == "members") return {{"members", s.members}};
   auto it = s.commands.find(cmd);
@@ -163,7 +158,7 @@ void serve(State& s, int timeout_ms) {
 void report(State& s, bool final) {
   json snap = telemetry::stats_json();
   if (s.is_agent.load()) {
-    snap["reported_ms"] = now_ms();
+    snap["reported_ms"] = mono_ms();
     snap["final"] = final;
     s.members[std::to_string(getpid())] = std::move(snap);
     return;
@@ -180,7 +175,7 @@ void run() {
   int64_t interval = config().num(Param::report_interval_ms);
   int64_t next_try = 0, next_report = 0;
   for (;;) {
-    int64_t now = now_ms();
+    int64_t now = mono_ms();
     if (!s.is_agent.load() && now >= next_try) {
       try_lock(s);
       next_try = now + 500;
@@ -189,7 +184,7 @@ void run() {
       report(s, false);
       next_report = now + interval;
     }
-    int wait = static_cast<int>(std::max<int64_t>(1, std::min(next_report, next_try) - now_ms()));
+    int wait = static_cast<int>(std::max<int64_t>(1, std::min(next_report, next_try) - mono_ms()));
     if (s.is_agent.load())
       serve(s, std::min(wait, 100));
     else

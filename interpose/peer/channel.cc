@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "interpose/core/log.h"
+#include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
 
@@ -26,12 +27,6 @@ using nlohmann::json;
 
 constexpr int kMaxConns = 64;
 constexpr int64_t kHandshakeMs = 5000, kIdleMs = 60000;
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 struct Conn {
   int fd;
@@ -57,7 +52,7 @@ Listener* g_listener = nullptr;
 // must not flood the log).
 void log_drop(Listener& l, const std::string& who, const std::string& why) {
   l.dropped++;
-  int64_t now = now_ms();
+  int64_t now = mono_ms();
   if (now - l.log_window >= 1000) l.log_window = now, l.logged = 0;
   if (l.logged++ < 10) log::warn("peer channel: {} dropped: {}", who, why);
 }
@@ -82,7 +77,7 @@ void serve(Listener& l) {
     std::vector<pollfd> fds{{l.fd, POLLIN, 0}};
     for (auto& c : conns) fds.push_back({c->fd, static_cast<short>(POLLIN | (c->out.empty() ? 0 : POLLOUT)), 0});
     poll(fds.data(), fds.size(), 200);
-    int64_t now = now_ms();
+    int64_t now = mono_ms();
     if (fds[0].revents & POLLIN) {
       sockaddr_in a{};
       socklen_t al = sizeof a;
@@ -196,8 +191,8 @@ std::optional<json> call(const std::string& addr, int port, const Key& job, cons
   ClientSession s(job, random_nonce());
   bool sent = false;
   std::optional<json> out;
-  int64_t deadline = now_ms() + timeout_ms;
-  while (!out && now_ms() < deadline) {
+  int64_t deadline = mono_ms() + timeout_ms;
+  while (!out && mono_ms() < deadline) {
     uint8_t buf[16384];
     ssize_t r = ::recv(fd, buf, sizeof buf, 0);
     if (r <= 0) {

@@ -10,18 +10,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "interpose/core/mono.h"
+
 namespace shunt::peer {
 
 namespace {
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 bool wait_fd(int fd, short ev, int64_t deadline) {
   for (;;) {
-    int left = static_cast<int>(deadline - now_ms());
+    int left = static_cast<int>(deadline - mono_ms());
     if (left < 0) return false;
     pollfd p{fd, ev, 0};
     int r = poll(&p, 1, left);
@@ -39,7 +35,7 @@ bool usable_dir(const std::string& d) {
 }  // namespace
 
 bool read_line(int fd, std::string* line, int timeout_ms) {
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = mono_ms() + timeout_ms;
   line->clear();
   char c;
   for (;;) {
@@ -58,7 +54,7 @@ bool read_line(int fd, std::string* line, int timeout_ms) {
 }
 
 bool write_all(int fd, const std::string& data, int timeout_ms) {
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = mono_ms() + timeout_ms;
   size_t off = 0;
   while (off < data.size()) {
     ssize_t r = ::send(fd, data.data() + off, data.size() - off, MSG_DONTWAIT | MSG_NOSIGNAL);
