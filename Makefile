@@ -52,7 +52,7 @@ EX_BINS     := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRCS))
 EX_LIBS     := $(patsubst examples/%.c,$(BUILD)/examples/%.so,$(wildcard examples/*_lib.c))
 
 # Test helper programs: test/e2e/*.c (built next to the scripts' build dir).
-TPROG_SRCS  := $(wildcard test/e2e/*.c)
+TPROG_SRCS  := $(filter-out %_lib.c,$(wildcard test/e2e/*.c))
 TPROG_BINS  := $(patsubst test/e2e/%.c,$(BUILD)/test/%,$(TPROG_SRCS))
 TPROG_LIBS  := $(patsubst test/e2e/%.c,$(BUILD)/test/%.so,$(wildcard test/e2e/*_lib.c))
 
