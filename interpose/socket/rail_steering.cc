@@ -142,6 +142,8 @@ void setup(State& s) {
       continue;
     }
     r.addr = ensure_endpoint(s, r.addr);
+    // An agent that exited during a failure may have left the rail backup.
+    if (r.addr.id && (r.addr.flags & MPTCP_PM_ADDR_FLAG_BACKUP)) s.pm.set_backup(r.addr, false, &err);
     if (i > 0) {
       Endpoint sig = r.addr;
       sig.id = 0;
