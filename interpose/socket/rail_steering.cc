@@ -226,6 +226,13 @@ void tick(State& s, bool inband) {
         set_backup(s, r, true, !r.dead.empty() ? "probes lost" : "subflows stalled");
       }
     } else if (r.backup) {
+      // A subflow still in RTO backoff would take new data and sit on it
+      // until its next retransmission: wait until the rail's subflows are
+      // moving again (or idle) before giving it traffic back.
+      if (i < health.size() && health[i].stalled > 0) {
+        r.good_since = 0;
+        continue;
+      }
       if (!r.good_since) r.good_since = now;
       if (now - r.good_since >= r.hold_ms) {
         set_backup(s, r, false, "");
