@@ -92,7 +92,9 @@ grep -q 'path_down .*peer=b' "$TMP/e.txt" || fail "plain events lack path_down: 
 ctl events --json > "$TMP/e.json" || fail "shuntctl events --json"
 expect_eq "$(jget "$TMP/e.json" '[e["event"] for e in d if e["event"].startswith("path_")][-2:]')" "['path_down', 'path_up']" "events --json"
 # --follow prints an event that happens after it started.
-( ctl events --follow --json > "$TMP/follow" ) & fpid=$!
+# (The binary itself in the background, not the ctl function: killing a
+# function's subshell would leave the follower running.)
+SHUNT_RUN_DIR=$TMP/ra "$B/bin/shuntctl" events --follow --json > "$TMP/follow" & fpid=$!
 at_exit "kill $fpid 2>/dev/null"
 sleep 0.5
 ip -n $NA link set va down

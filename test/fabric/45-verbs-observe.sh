@@ -3,7 +3,7 @@
 # Real verbs programs on soft-RoCE guests, unmodified, under the preload in
 # observe mode: they run as without it, and shunt's counters match the
 # traffic they report exactly (ibv_rc_pingpong in poll and event mode,
-# ib_write_bw, shunt-bench verbs all-to-all with -c 1).
+# ib_write_bw, ib_send_bw, shunt-bench verbs all-to-all with -c 1).
 . "$(dirname "$0")/lib.sh"
 need_guests
 B=${BUILD:-$ROOT/build}
@@ -66,6 +66,20 @@ grep -qE "^ 65536 +1000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cl
 stats h1 wbw-cli
 expect "$(jq_ wbw-cli 'sum(q["send_wrs"].get("RDMA_WRITE", 0) for q in d["verbs"]["qps"])')" 1000 "RDMA WRITEs counted"
 expect "$(jq_ wbw-cli 'sum(q["send_bytes"] for q in d["verbs"]["qps"] if q["send_wrs"].get("RDMA_WRITE"))')" 65536000 "bytes written"
+
+note "ib_send_bw, 1000 x 64 KiB"
+run sbw-srv h2 ib_send_bw -d rxe0 -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
+srv=$!
+wait_port h2 18515
+run sbw-cli h1 ib_send_bw -d rxe0 -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
+  fail "ib_send_bw failed under the preload: $(cat "$TMP/cli.out")"
+wait $srv || fail "ib_send_bw server failed: $(cat "$TMP/srv.out")"
+grep -qE "^ 65536 +1000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+stats h1 sbw-cli
+stats h2 sbw-srv
+expect "$(jq_ sbw-cli 'sum(q["send_wrs"].get("SEND", 0) for q in d["verbs"]["qps"])')" 1000 "SENDs counted"
+expect "$(jq_ sbw-cli 'sum(q["send_bytes"] for q in d["verbs"]["qps"] if q["send_wrs"].get("SEND"))')" 65536000 "bytes sent"
+expect "$(jq_ sbw-srv 'sum(q["recv_bytes"] for q in d["verbs"]["qps"])')" 65536000 "bytes received by the server"
 
 note "shunt-bench verbs all-to-all, -c 1, under the preload"
 port=29500
