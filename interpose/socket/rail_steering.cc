@@ -134,6 +134,21 @@ void setup(State& s) {
     log::once(LogLevel::warn, "mptcp-pm", "sockets: " + err + ": subflows only as the kernel's own settings give");
     return;
   }
+  // Limits first: a peer's announcement that arrives before them is dropped
+  // for good by this connection.
+  uint32_t n = static_cast<uint32_t>(std::min<size_t>(addrs.size(), 8));
+  uint32_t sub = 0, acc = 0;
+  if (s.pm.get_limits(&sub, &acc, &err) && (sub < n || acc < n)) {
+    uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
+    if (s.pm.set_limits(want_sub, want_acc, &err)) {
+      s.old_limits[0] = sub;
+      s.old_limits[1] = acc;
+      s.limits_changed = true;
+    } else {
+      s.missing.push_back("ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " +
+                          std::to_string(want_acc));
+    }
+  }
   uint16_t port = static_cast<uint16_t>(c.num(Param::mptcp_join_port));
   for (size_t i = 0; i < addrs.size(); i++) {
     Rail r;
@@ -152,19 +167,6 @@ void setup(State& s) {
       ensure_endpoint(s, sig);
     }
     s.rails.push_back(r);
-  }
-  uint32_t n = static_cast<uint32_t>(std::min<size_t>(s.rails.size(), 8));
-  uint32_t sub = 0, acc = 0;
-  if (s.pm.get_limits(&sub, &acc, &err) && (sub < n || acc < n)) {
-    uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
-    if (s.pm.set_limits(want_sub, want_acc, &err)) {
-      s.old_limits[0] = sub;
-      s.old_limits[1] = acc;
-      s.limits_changed = true;
-    } else {
-      s.missing.push_back("ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " +
-                          std::to_string(want_acc));
-    }
   }
   s.steering = s.missing.empty();
   s.status = s.missing.empty() ? "ok" : "incomplete";
@@ -229,7 +231,7 @@ void tick(State& s, bool inband) {
       // A subflow still in RTO backoff would take new data and sit on it
       // until its next retransmission: wait until the rail's subflows are
       // moving again (or idle) before giving it traffic back.
-      if (i < health.size() && health[i].stalled > 0) {
+      if (i < health.size() && (health[i].stalled > 0 || health[i].backing_off > 0)) {
         r.good_since = 0;
         continue;
       }

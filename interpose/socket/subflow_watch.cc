@@ -35,10 +35,14 @@ int on_socket(const nlmsghdr* nlh, void* data) {
     if (mnl_attr_get_type(a) != INET_DIAG_INFO) continue;
     tcp_info ti{};
     memcpy(&ti, mnl_attr_get_payload(a), std::min<size_t>(sizeof ti, mnl_attr_get_payload_len(a)));
-    if (ti.tcpi_unacked == 0) break;
     AddrHealth& h = (*w->out)[idx];
+    if (ti.tcpi_retransmits >= 1) h.backing_off++;
+    if (ti.tcpi_unacked == 0) break;
     h.busy++;
-    if (ti.tcpi_retransmits >= 1 && ti.tcpi_last_ack_recv >= kStallMs) h.stalled++;
+    // Nothing new sent for a while either: a subflow that just got fresh
+    // data after a long silence (a restored rail) is not stuck yet.
+    if (ti.tcpi_retransmits >= 1 && ti.tcpi_last_ack_recv >= kStallMs && ti.tcpi_last_data_sent >= kStallMs)
+      h.stalled++;
     break;
   }
   return MNL_CB_OK;

@@ -13,6 +13,7 @@ struct AddrHealth {
   in6_addr addr{};  // IPv4 in the first 4 bytes
   int busy = 0;     // established subflows with unacknowledged data
   int stalled = 0;  // of those, in RTO backoff with no ACK for a while
+  int backing_off = 0;  // subflows (busy or not) whose last RTO has not been answered yet
 };
 
 // Fills `out` (one entry per address asked for) from one dump; false when
