@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       {"status", "The host agent and every shunt process on this host"},
       {"peers", "Probe peers: clock offset and bound, per-rail path state and delay"},
       {"members", "Every process's latest counters as reported to the agent"},
+      {"sockets", "Rails, MPTCP endpoints and limits, and the commands that would fix missing ones"},
   };
   std::vector<std::pair<CLI::App*, std::string>> subs;
   for (auto& c : agent_cmds) {
