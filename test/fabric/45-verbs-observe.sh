@@ -55,31 +55,27 @@ n=$(jq_ event-cli 'd["verbs"]["devices"][0]["notify_calls"]')
 [ "$n" -ge 1 ] || fail "event mode made no ibv_req_notify_cq through shunt"
 echo "ok: ibv_req_notify_cq calls seen: $n"
 
-note "ib_write_bw, 1000 x 64 KiB"
-run wbw-srv h2 ib_write_bw -d rxe0 -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
-srv=$!
-wait_port h2 18515
-run wbw-cli h1 ib_write_bw -d rxe0 -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
-  fail "ib_write_bw failed under the preload: $(cat "$TMP/cli.out")"
-wait $srv || fail "ib_write_bw server failed"
-grep -qE "^ 65536 +1000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
-stats h1 wbw-cli
-expect "$(jq_ wbw-cli 'sum(q["send_wrs"].get("RDMA_WRITE", 0) for q in d["verbs"]["qps"])')" 1000 "RDMA WRITEs counted"
-expect "$(jq_ wbw-cli 'sum(q["send_bytes"] for q in d["verbs"]["qps"] if q["send_wrs"].get("RDMA_WRITE"))')" 65536000 "bytes written"
-
-note "ib_send_bw, 1000 x 64 KiB"
-run sbw-srv h2 ib_send_bw -d rxe0 -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
-srv=$!
-wait_port h2 18515
-run sbw-cli h1 ib_send_bw -d rxe0 -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
-  fail "ib_send_bw failed under the preload: $(cat "$TMP/cli.out")"
-wait $srv || fail "ib_send_bw server failed: $(cat "$TMP/srv.out")"
-grep -qE "^ 65536 +1000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
-stats h1 sbw-cli
+# perftest NAME TOOL OPCODE: 1000 x 64 KiB h1 -> h2 with a perftest tool
+# under the preload on both ends; the client's WRs of OPCODE and their bytes
+# must be counted exactly, and so must the bytes the server receives.
+perftest() {
+  local name=$1 tool=$2 op=$3
+  note "$tool, 1000 x 64 KiB"
+  run "$name-srv" h2 "$tool" -d rxe0 -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
+  local srv=$!
+  wait_port h2 18515
+  run "$name-cli" h1 "$tool" -d rxe0 -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
+    fail "$tool failed under the preload: $(cat "$TMP/cli.out")"
+  wait $srv || fail "$tool server failed: $(cat "$TMP/srv.out")"
+  grep -qE "^ 65536 +1000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+  stats h1 "$name-cli"
+  expect "$(jq_ "$name-cli" "sum(q['send_wrs'].get('$op', 0) for q in d['verbs']['qps'])")" 1000 "$op WRs counted"
+  expect "$(jq_ "$name-cli" "sum(q['send_bytes'] for q in d['verbs']['qps'] if q['send_wrs'].get('$op'))")" 65536000 "bytes of the $op WRs"
+}
+perftest wbw ib_write_bw RDMA_WRITE
+perftest sbw ib_send_bw SEND
 stats h2 sbw-srv
-expect "$(jq_ sbw-cli 'sum(q["send_wrs"].get("SEND", 0) for q in d["verbs"]["qps"])')" 1000 "SENDs counted"
-expect "$(jq_ sbw-cli 'sum(q["send_bytes"] for q in d["verbs"]["qps"] if q["send_wrs"].get("SEND"))')" 65536000 "bytes sent"
-expect "$(jq_ sbw-srv 'sum(q["recv_bytes"] for q in d["verbs"]["qps"])')" 65536000 "bytes received by the server"
+expect "$(jq_ sbw-srv 'sum(q["recv_bytes"] for q in d["verbs"]["qps"])')" 65536000 "bytes received by the ib_send_bw server"
 
 note "shunt-bench verbs all-to-all, -c 1, under the preload"
 port=29500
