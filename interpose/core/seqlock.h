@@ -2,7 +2,10 @@
 // must not move above its data reads, and a writer's odd sequence value
 // must be visible before its data stores. Fences do that for free on x86.
 // ThreadSanitizer does not model std::atomic_thread_fence (GCC refuses it
-// under -fsanitize=thread), so its builds use read-modify-writes instead.
+// under -fsanitize=thread), so its builds use a sequentially consistent
+// load for the reader (a read-modify-write would fault on a read-only
+// mapping, as clock readers have) and an exchange for the writer; every
+// field under a seqlock here is itself atomic, so TSan sees no race either way.
 #pragma once
 #include <atomic>
 
@@ -11,7 +14,7 @@ namespace shunt {
 template <typename T>
 inline T seq_reread(const std::atomic<T>& seq) {
 #if defined(__SANITIZE_THREAD__)
-  return const_cast<std::atomic<T>&>(seq).fetch_add(0, std::memory_order_acq_rel);
+  return seq.load(std::memory_order_seq_cst);
 #else
   std::atomic_thread_fence(std::memory_order_acquire);
   return seq.load(std::memory_order_relaxed);
