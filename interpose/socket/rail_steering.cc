@@ -46,7 +46,7 @@ struct State {
   bool stopping = false;
   std::thread thread;
   std::vector<Rail> rails;
-  std::vector<Endpoint> added;  // removed again at stop
+  bool retry = false;  // a change failed for a reason other than permission
   std::vector<std::string> missing;
   std::string status = "not started";
   bool steering = false;  // endpoints writable
@@ -96,33 +96,113 @@ std::vector<std::string> rail_addrs() {
   return out;
 }
 
-bool same(const Endpoint& a, const Endpoint& b) {
-  return a.family == b.family && a.port == b.port && memcmp(&a.addr, &b.addr, a.family == AF_INET ? 4 : 16) == 0;
+constexpr int64_t kAssertMs = 1000;
+// The join listener's port may still be held by TIME-WAIT subflows of an
+// earlier job (the kernel's listener cannot reuse it: EADDRINUSE); the port
+// is announced, so the next free one does as well.
+constexpr int kJoinPortTries = 16;
+
+bool same_addr(const Endpoint& a, const Endpoint& b) {
+  return a.family == b.family && memcmp(&a.addr, &b.addr, a.family == AF_INET ? 4 : 16) == 0;
 }
 
-// Makes `want` exist; returns it with the kernel's id (0 when missing).
-Endpoint ensure_endpoint(State& s, Endpoint want) {
-  std::string err;
-  std::vector<Endpoint> have;
-  if (s.pm.endpoints(&have, &err))
-    for (auto& e : have)
-      if (same(e, want)) return e;
-  if (!s.pm.add(want, &err)) {
-    s.missing.push_back(want.ip_command());
-    log::debug("sockets: cannot add MPTCP endpoint {}: {}", want.ip_command(), err);
-    return want;
+// One failed change: a missing permission leaves the configured state (and
+// lists the command); anything else is retried on the next check.
+void failed(State& s, const std::string& cmd, const std::string& err) {
+  if (s.pm.last_errno() == EPERM || s.pm.last_errno() == EACCES) {
+    if (std::find(s.missing.begin(), s.missing.end(), cmd) == s.missing.end()) s.missing.push_back(cmd);
+    return;
   }
-  if (s.pm.endpoints(&have, &err))
-    for (auto& e : have)
-      if (same(e, want)) {
-        s.added.push_back(e);
-        return e;
+  s.retry = true;
+  log::once(LogLevel::warn, "mptcp-add:" + cmd, "sockets: `" + cmd + "` failed (" + err + "); retrying");
+}
+
+// Makes the endpoints and limits the rails need exist, now and whenever
+// someone removed them (an `ip mptcp endpoint flush`, another tool): the
+// rail endpoints keep their backup state, the signal endpoints come back.
+void assert_endpoints(State& s, bool first) {
+  std::string err;
+  s.retry = false;
+  uint32_t n = static_cast<uint32_t>(std::min<size_t>(s.rails.size(), 8));
+  uint32_t sub = 0, acc = 0;
+  // Limits first: a peer's announcement that arrives before them is dropped
+  // for good by this connection.
+  if (s.pm.get_limits(&sub, &acc, &err) && (sub < n || acc < n)) {
+    uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
+    if (s.pm.set_limits(want_sub, want_acc, &err)) {
+      if (!s.limits_changed) {
+        s.old_limits[0] = sub;
+        s.old_limits[1] = acc;
+        s.limits_changed = true;
       }
-  return want;
+      if (!first) log::info("sockets: MPTCP limits were {}/{}: raised again", sub, acc);
+    } else {
+      failed(s, "ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " +
+                    std::to_string(want_acc), err);
+    }
+  }
+  std::vector<Endpoint> have;
+  if (!s.pm.endpoints(&have, &err)) {
+    s.retry = true;
+    return;
+  }
+  auto find = [&](const Endpoint& want, bool signal) -> const Endpoint* {
+    for (auto& e : have)
+      if (same_addr(e, want) && (signal ? (e.flags & MPTCP_PM_ADDR_FLAG_SIGNAL) && e.port : e.port == 0)) return &e;
+    return nullptr;
+  };
+  uint16_t port = static_cast<uint16_t>(config().num(Param::mptcp_join_port));
+  bool added = false;
+  for (size_t i = 0; i < s.rails.size(); i++) {
+    Rail& r = s.rails[i];
+    Endpoint want = r.addr;
+    want.id = 0;
+    want.port = 0;
+    want.flags = 0;
+    if (!find(want, false)) {
+      if (s.pm.add(want, &err)) {
+        added = true;
+        if (!first) log::info("sockets: MPTCP endpoint {} was gone: added again", want.addr_str());
+      } else {
+        failed(s, want.ip_command(), err);
+      }
+    }
+    if (i == 0) continue;
+    Endpoint sig = want;
+    sig.flags = MPTCP_PM_ADDR_FLAG_SIGNAL;
+    if (find(sig, true)) continue;
+    bool ok = false;
+    for (int t = 0; t < kJoinPortTries && !ok; t++) {
+      sig.port = static_cast<uint16_t>(port + t);
+      ok = s.pm.add(sig, &err);
+      if (!ok && s.pm.last_errno() != EADDRINUSE) break;
+    }
+    if (ok) {
+      added = true;
+      if (!first || sig.port != port)
+        log::info("sockets: signal endpoint {} port {} added{}", sig.addr_str(), sig.port,
+                  sig.port != port ? " (join port " + std::to_string(port) + " still in use)" : "");
+    } else {
+      sig.port = port;
+      failed(s, sig.ip_command(), err);
+    }
+  }
+  if (added && !s.pm.endpoints(&have, &err)) return;
+  for (auto& r : s.rails) {
+    Endpoint want = r.addr;
+    want.port = 0;
+    const Endpoint* e = find(want, false);
+    if (!e) continue;
+    bool flagged = (e->flags & MPTCP_PM_ADDR_FLAG_BACKUP) != 0;
+    r.addr = *e;
+    // At start, a backup flag is stale (an agent that exited during a
+    // failure); later, an endpoint that came back must keep the rail's state.
+    bool want_backup = first ? false : r.backup;
+    if (flagged != want_backup && !s.pm.set_backup(r.addr, want_backup, &err)) failed(s, "set backup", err);
+  }
 }
 
 void setup(State& s) {
-  const Config& c = config();
   std::vector<std::string> addrs = rail_addrs();
   std::string err;
   if (addrs.empty()) {
@@ -134,42 +214,17 @@ void setup(State& s) {
     log::once(LogLevel::warn, "mptcp-pm", "sockets: " + err + ": subflows only as the kernel's own settings give");
     return;
   }
-  // Limits first: a peer's announcement that arrives before them is dropped
-  // for good by this connection.
-  uint32_t n = static_cast<uint32_t>(std::min<size_t>(addrs.size(), 8));
-  uint32_t sub = 0, acc = 0;
-  if (s.pm.get_limits(&sub, &acc, &err) && (sub < n || acc < n)) {
-    uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
-    if (s.pm.set_limits(want_sub, want_acc, &err)) {
-      s.old_limits[0] = sub;
-      s.old_limits[1] = acc;
-      s.limits_changed = true;
-    } else {
-      s.missing.push_back("ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " +
-                          std::to_string(want_acc));
-    }
-  }
-  uint16_t port = static_cast<uint16_t>(c.num(Param::mptcp_join_port));
-  for (size_t i = 0; i < addrs.size(); i++) {
+  for (auto& a : addrs) {
     Rail r;
-    if (!parse_addr(addrs[i], &r.addr)) {
-      log::error("sockets: rail address '{}' is no IP address", addrs[i]);
+    if (!parse_addr(a, &r.addr)) {
+      log::error("sockets: rail address '{}' is no IP address", a);
       continue;
-    }
-    r.addr = ensure_endpoint(s, r.addr);
-    // An agent that exited during a failure may have left the rail backup.
-    if (r.addr.id && (r.addr.flags & MPTCP_PM_ADDR_FLAG_BACKUP)) s.pm.set_backup(r.addr, false, &err);
-    if (i > 0) {
-      Endpoint sig = r.addr;
-      sig.id = 0;
-      sig.port = port;
-      sig.flags = MPTCP_PM_ADDR_FLAG_SIGNAL;
-      ensure_endpoint(s, sig);
     }
     s.rails.push_back(r);
   }
+  assert_endpoints(s, true);
   s.steering = s.missing.empty();
-  s.status = s.missing.empty() ? "ok" : "incomplete";
+  s.status = !s.missing.empty() ? "incomplete" : s.retry ? "retrying" : "ok";
   if (!s.missing.empty()) {
     std::string cmds;
     for (auto& m : s.missing) cmds += "; " + m;
@@ -249,7 +304,13 @@ void run(State& s) {
   ReentryGuard guard;
   bool inband = config().num(Param::rail_inband) == 0;
   std::unique_lock lk(s.mu);
+  int64_t next_assert = now_ms() + kAssertMs;
   while (!s.stopping) {
+    if (now_ms() >= next_assert) {
+      assert_endpoints(s, false);
+      if (s.status != "incomplete") s.status = s.retry ? "retrying" : "ok";
+      next_assert = now_ms() + kAssertMs;
+    }
     tick(s, inband);
     s.cv.wait_for(lk, std::chrono::milliseconds(kTickMs));
   }
@@ -282,7 +343,6 @@ void stop() {
   }
   if (s->thread.joinable()) s->thread.join();
   std::string err;
-  for (auto& e : s->added) s->pm.remove(e, &err);
   if (s->limits_changed) s->pm.set_limits(s->old_limits[0], s->old_limits[1], &err);
 }
 
