@@ -67,8 +67,8 @@ gap_run() {  # LABEL WITH [ENV...] -> longest pause after black-holing rail 0 at
 echo "rail 0 black-holed at 3 s (run 10 s): longest pause of a bulk stream, longest round trip of 4 KiB ping-pong:"
 printf '  %-44s %10s %10s\n' "" "stream" "pingpong"
 gap_run "shunt, backup marking (probes + in-band)" shunt
-gap_run "shunt, backup marking (in-band only)" shunt SHUNT_PROBE_ADDRS= SHUNT_SOCKET_RAILS=
-gap_run "shunt, no marking (kernel stale detection)" shunt SHUNT_RAIL_INBAND=off SHUNT_PROBE_ADDRS=
+gap_run "shunt, backup marking (in-band only)" shunt SHUNT_PROBE_ADDRS= SHUNT_SOCKET_RAILS=auto
+gap_run "shunt, no marking (kernel stale detection)" shunt SHUNT_RAIL_INBAND=off SHUNT_PROBE_ADDRS= SHUNT_SOCKET_RAILS=auto
 for i in 1 2; do
   ip -n "$(sock_ns h$i)" mptcp endpoint flush  # what shunt's agents left
   ip -n "$(sock_ns h$i)" mptcp limits set subflows 4 add_addr_accepted 4

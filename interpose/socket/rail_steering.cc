@@ -77,8 +77,12 @@ std::vector<std::string> split(const std::string& s) {
 
 std::vector<std::string> rail_addrs() {
   const Config& c = config();
-  if (!c.str(Param::socket_rails).empty()) return split(c.str(Param::socket_rails));
-  if (!c.str(Param::probe_addrs).empty()) return split(c.str(Param::probe_addrs));
+  // Rails are named, never guessed by default: a host's management
+  // interface is no rail, and its MPTCP endpoints are the administrator's.
+  if (c.str(Param::socket_rails) != "auto") {
+    if (!c.str(Param::socket_rails).empty()) return split(c.str(Param::socket_rails));
+    return split(c.str(Param::probe_addrs));
+  }
   std::vector<std::pair<unsigned, std::string>> found;
   ifaddrs* ifa = nullptr;
   if (getifaddrs(&ifa) != 0) return {};
@@ -206,7 +210,7 @@ void setup(State& s) {
   std::vector<std::string> addrs = rail_addrs();
   std::string err;
   if (addrs.empty()) {
-    s.status = "no rails (SHUNT_SOCKET_RAILS, SHUNT_PROBE_ADDRS, or an interface that is up)";
+    s.status = "no rails named (SHUNT_SOCKET_RAILS, SHUNT_PROBE_ADDRS): MPTCP endpoints left as they are";
     return;
   }
   if (!s.pm.open(&err)) {
