@@ -7,6 +7,9 @@ port=$(free_port)
 "$B/test/tcp_echo" "$port" 3 &
 srv=$!
 at_exit "kill $srv 2>/dev/null"
+# Only once the server listens: a refused connect retries with a new socket,
+# which would add an empty record and change the counts below.
+for i in $(seq 1 100); do ss -ltn | grep -q "127.0.0.1:$port " && break; sleep 0.05; done
 SHUNT_MODE=observe SHUNT_STATS_FILE="$TMP/st.json" LD_PRELOAD=$LIB "$B/test/fork_conn" "$port" || fail "fork_conn failed"
 wait $srv
 p=$TMP/st.json
