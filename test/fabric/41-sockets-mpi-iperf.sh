@@ -23,7 +23,7 @@ mpi() {
     --mca plm_rsh_agent "$TMP/agent.sh" --mca btl tcp,self --mca btl_tcp_if_include r0,r1 \
     --mca oob_tcp_if_include r0 -x LD_PRELOAD -x SHUNT_RUN_DIR -x SHUNT_STATS_FILE "$TMP/a2a" 40
 }
-mpi LD_PRELOAD= SHUNT_RUN_DIR= SHUNT_STATS_FILE= > "$TMP/mpi-plain.txt" 2>&1 || fail "MPI fails without shunt"
+mpi LD_PRELOAD= SHUNT_RUN_DIR= SHUNT_STATS_FILE= > "$TMP/mpi-plain.txt" 2>&1 || fail "MPI fails without shunt: $(tail -n 15 "$TMP/mpi-plain.txt")"
 mpi LD_PRELOAD="$LIB" SHUNT_RUN_DIR="$TMP/mpirun" SHUNT_STATS_FILE="$TMP/mpi.%p.json" > "$TMP/mpi.txt" 2>&1 \
   || fail "MPI fails under shunt: $(tail -n 3 "$TMP/mpi.txt")"
 expect_eq "$(grep -c 'alltoalls verified' "$TMP/mpi.txt")" 2 "MPI ranks verified under shunt"
