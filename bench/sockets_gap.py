@@ -14,6 +14,15 @@ import socket
 import sys
 import time
 
+def accept_one(port):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("0.0.0.0", port))
+    ls.listen(1)
+    c, _ = ls.accept()
+    return c
+
+
 def recv_exact(c, n):
     b = b""
     while len(b) < n:
@@ -26,11 +35,7 @@ def recv_exact(c, n):
 
 if sys.argv[1] == "echo":
     port, secs = int(sys.argv[2]), float(sys.argv[3])
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("0.0.0.0", port))
-    ls.listen(1)
-    c, _ = ls.accept()
+    c = accept_one(port)
     c.settimeout(secs + 5)
     try:
         while True:
@@ -60,11 +65,7 @@ elif sys.argv[1] == "ping":
     print(f"max_rtt_s={worst:.3f} rounds={n} after={at:.1f}", flush=True)
 elif sys.argv[1] == "recv":
     port, secs = int(sys.argv[2]), float(sys.argv[3])
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("0.0.0.0", port))
-    ls.listen(1)
-    c, _ = ls.accept()
+    c = accept_one(port)
     c.settimeout(1.0)
     start = last = time.monotonic()
     gap, at, total = 0.0, 0.0, 0
