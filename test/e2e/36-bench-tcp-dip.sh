@@ -7,15 +7,7 @@
 # throughput again after the outage, which the marks bracket.
 set -u
 . "$(dirname "$0")/bench-lib.sh"
-[ "$(id -u)" = 0 ] || { echo "needs root for network namespaces"; exit 77; }
-A=sbd-$$-a B=sbd-$$-b
-ns_cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; bench_cleanup; }
-trap ns_cleanup EXIT
-ip netns add $A && ip netns add $B || { echo "cannot create namespaces"; exit 77; }
-ip -n $A link add v0 type veth peer name v1 netns $B || fail "veth"
-ip -n $A addr add 10.214.0.1/24 dev v0 && ip -n $B addr add 10.214.0.2/24 dev v1
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set v0 up && ip -n $B link set v1 up
+veth_pair sbd 10.214.0
 netns_of() { [ "$1" = 0 ] && echo $A || echo $B; }
 BOOT_HOST=10.214.0.1
 

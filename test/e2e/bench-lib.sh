@@ -57,3 +57,17 @@ expect_wrong() {
   rows "$f" | awk -v w="$want" 'NF != 9 || $9 != w { print "bad row: " $0; bad = 1 } END { exit bad }' ||
     fail "rows of $f do not all have #wrong $want"
 }
+
+# veth_pair TAG SUBNET: two namespaces $A and $B joined by a veth (v0 in $A
+# at SUBNET.1, v1 in $B at SUBNET.2), removed on exit; skips without root.
+veth_pair() {
+  [ "$(id -u)" = 0 ] || { echo "needs root for network namespaces"; exit 77; }
+  A=$1-$$-a B=$1-$$-b
+  ns_cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; bench_cleanup; }
+  trap ns_cleanup EXIT
+  ip netns add $A && ip netns add $B || { echo "cannot create namespaces"; exit 77; }
+  ip -n $A link add v0 type veth peer name v1 netns $B || fail "veth"
+  ip -n $A addr add "$2.1/24" dev v0 && ip -n $B addr add "$2.2/24" dev v1
+  for ns in $A $B; do ip -n $ns link set lo up; done
+  ip -n $A link set v0 up && ip -n $B link set v1 up
+}
