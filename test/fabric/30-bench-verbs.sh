@@ -56,22 +56,35 @@ rows_wrong "$TMP/ar" 0 || fail "allreduce: #wrong not 0"
 
 note "a corrupted run over verbs is caught"
 verbs_run 2 "$TMP/bad" -b 64K -e 64K -n 3 -w 0 -c 1 --corrupt
-[ $? = 1 ] || fail "corrupted verbs run must exit 1"
-rows_wrong "$TMP/bad" 3 || fail "corrupted verbs run: want #wrong 3"
+rc=$?
+[ $rc = 1 ] || { cat "$TMP/rank1.log"; fail "corrupted verbs run exited $rc, want 1"; }
+rows_wrong "$TMP/bad" 3 || { cat "$TMP/rank1.log"; fail "corrupted verbs run: want #wrong 3"; }
 
 note "link down under load: the error is reported, not hidden"
 # retry count 6: rxe treats 7 as unlimited. -n rather than --duration, so
-# the ranks only talk over the QPs while the link is down.
-( sleep 8; fab fault link-down h1-r0 ) &
+# the ranks only talk over the QPs while the link is down. The link goes
+# down only once rank 0 is connected and running (its ready file, in the
+# guest's own /tmp): on a slow machine a fixed delay could cut the link
+# while the ranks still bootstrap over it.
+gexec h1 rm -f /tmp/30-down.ready
+(
+  fab exec h1 -- timeout 120 sh -c 'until [ -f /tmp/30-down.ready ]; do sleep 0.2; done' || exit 1
+  sleep 3
+  date +%s > "$TMP/fault-at"
+  fab fault link-down h1-r0
+) &
 faulter=$!
-start=$SECONDS
-verbs_run 2 "$TMP/down" -b 64K -e 64K -n 1000000 -w 0 --retry-cnt 6 --qp-timeout 14 --stall-timeout 90
+verbs_run 2 "$TMP/down" -b 64K -e 64K -n 1000000 -w 0 --retry-cnt 6 --qp-timeout 14 --stall-timeout 90 \
+  --ready-file /tmp/30-down.ready
 rc=$?
-wait $faulter
+ended=$(date +%s)
+wait $faulter || { cat "$TMP/rank1.log"; fail "rank 0 never became ready"; }
 fab fault link-up h1-r0
-[ $rc = 2 ] || fail "run over a dead link exited $rc, want 2"
+[ $rc = 2 ] || { cat "$TMP/rank1.log"; fail "run over a dead link exited $rc, want 2"; }
 grep -q '^shunt-bench: rank 0: error: verbs: .* completion on QP [0-9]* (to rank 1) failed: IBV_WC_RETRY_EXC_ERR (12' \
   "$TMP/down" || fail "no IBV_WC_RETRY_EXC_ERR error line"
 grep -q '^# Errors seen *: [1-9]' "$TMP/down" || fail "errors not counted"
-[ $((SECONDS - start)) -lt 60 ] || fail "the failure took $((SECONDS - start)) s to surface"
+took=$((ended - $(cat "$TMP/fault-at")))
+note "the failure surfaced $took s after the link went down"
+[ $took -lt 60 ] || fail "the failure took $took s to surface"
 echo ok
