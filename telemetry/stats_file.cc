@@ -11,6 +11,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/socket/fd_table.h"
 #include "interpose/socket/mptcp_info.h"
+#include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/event_log.h"
 #include "telemetry/identity.h"
@@ -109,6 +110,8 @@ json stats_json() {
     q["type"] = qp_type_name(r.type);
     q["extended"] = r.extended;
     q["destroyed"] = r.destroyed.load();
+    if (r.shadow_of) q["shadow_of"] = r.primary_qpn;
+    if (auto bj = verbs::bundle_json(r); !bj.is_null()) q["bundle"] = std::move(bj);
     qps.push_back(std::move(q));
   });
   json socks = json::array();

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -131,28 +132,49 @@ void serve(Listener& l) {
 }
 }  // namespace
 
-bool start_listener(const std::string& addr, int port, const Key& job, RequestHandler h) {
-  if (g_listener) return true;
+namespace {
+Listener* open_listener(const std::string& addr, int port, const Key& job, RequestHandler h, int* bound) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t al = sizeof a;
   if (fd < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
-      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 64) != 0) {
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 64) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &al) != 0) {
     log::warn("peer channel: cannot listen on {}:{}: {}", addr, port, strerror(errno));
     if (fd >= 0) ::close(fd);
-    return false;
+    return nullptr;
   }
   auto* l = new Listener;
   l->fd = fd;
   l->job = job;
   l->handler = std::move(h);
   l->thread = std::thread(serve, std::ref(*l));
-  g_listener = l;
-  log::info("peer channel: listening on {}:{}", addr, port);
-  return true;
+  if (bound) *bound = ntohs(a.sin_port);
+  return l;
+}
+Listener* g_process_listener = nullptr;
+int g_process_port = 0;
+std::mutex g_process_mu;
+}  // namespace
+
+bool start_listener(const std::string& addr, int port, const Key& job, RequestHandler h) {
+  if (g_listener) return true;
+  g_listener = open_listener(addr, port, job, std::move(h), nullptr);
+  if (g_listener) log::info("peer channel: listening on {}:{}", addr, port);
+  return g_listener != nullptr;
+}
+
+int start_process_listener(const Key& job, RequestHandler h) {
+  std::lock_guard lk(g_process_mu);
+  if (g_process_listener) return g_process_port;
+  g_process_listener = open_listener("0.0.0.0", 0, job, std::move(h), &g_process_port);
+  if (!g_process_listener) return 0;
+  log::info("peer channel: this process answers its bundles on port {}", g_process_port);
+  return g_process_port;
 }
 
 void stop_listener() {

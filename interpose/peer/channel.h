@@ -14,6 +14,12 @@ namespace shunt::peer {
 bool start_listener(const std::string& addr, int port, const Key& job, RequestHandler h);
 void stop_listener();
 
+// Starts (once) this process's own listener on an ephemeral port of every
+// address, for requests about the verbs objects it owns (bundle setup);
+// returns the port, 0 when it cannot listen. Remote shims find the port by
+// asking the host agent ("locate").
+int start_process_listener(const Key& job, RequestHandler h);
+
 // Connects to a peer's agent, authenticates with the job key, sends one
 // request and returns its reply, or nullopt with *err set.
 std::optional<nlohmann::json> call(const std::string& addr, int port, const Key& job,

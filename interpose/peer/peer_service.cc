@@ -7,6 +7,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
+#include "interpose/verbs/bundle.h"
 
 namespace shunt::agent {
 
@@ -19,6 +20,11 @@ json answer(const json& req) {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
     return {{"pong", true}, {"host", host}, {"agent_pid", getpid()}, {"version", SHUNT_VERSION}};
+  }
+  if (cmd == "locate") {  // which process on this host owns a verbs QP
+    int port = verbs::bundle_locate(req.value("gid", ""), req.value("qpn", 0u));
+    if (port > 0) return {{"port", port}};
+    return {{"retry", "no process here owns that QP (yet)"}};
   }
   return {{"error", "unknown peer command " + cmd}};
 }

@@ -7,6 +7,7 @@
 
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
+#include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 
 using namespace shunt;
@@ -132,7 +133,7 @@ __attribute__((visibility("default"))) ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_
   if (act) {
     verbs::count_call(Call::ibv_create_qp);
     ReentryGuard g;
-    verbs::on_create_qp(qp, false);
+    verbs::on_create_qp(qp, false, attr);
   }
   return qp;
 }
@@ -142,8 +143,12 @@ __attribute__((visibility("default"))) int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr
   int ret = SHUNT_REAL(ibv_modify_qp, "IBVERBS_1.1")(qp, attr, mask);
   if (act) {
     verbs::count_call(Call::ibv_modify_qp);
-    if (ret == 0 && (mask & IBV_QP_STATE))
-      if (verbs::QpRecord* r = verbs::find_qp(qp)) r->state.store(attr->qp_state);
+    if (ret == 0)
+      if (verbs::QpRecord* r = verbs::find_qp(qp)) {
+        if (mask & IBV_QP_STATE) r->state.store(attr->qp_state);
+        ReentryGuard g;
+        verbs::bundle_on_modify(r, attr, mask);
+      }
   }
   return ret;
 }
@@ -153,6 +158,10 @@ __attribute__((visibility("default"))) int ibv_destroy_qp(ibv_qp* qp) {
   if (act) verbs::count_call(Call::ibv_destroy_qp);
   // Untracked first so a QP created at the same address right after the
   // real destroy never finds this record.
+  if (verbs::QpRecord* r = verbs::find_qp(qp)) {
+    ReentryGuard g;
+    verbs::bundle_on_destroy(r);
+  }
   verbs::untrack_qp(qp);
   int ret = SHUNT_REAL(ibv_destroy_qp, "IBVERBS_1.1")(qp);
   if (ret) {

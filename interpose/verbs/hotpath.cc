@@ -2,6 +2,7 @@
 // no lock, no allocation, no logging, no locked instruction in the common
 // case; a cached or lock-free lookup and a few counter adds, then the
 // provider's own function.
+#include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 
 namespace shunt::verbs {
@@ -62,7 +63,8 @@ int thread_shard() {
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   QpRecord* r = lookup_qp(qp);
   ContextRecord* c = r ? r->ctx : find_context(qp->context);
-  int ret = c->orig.post_send(qp, wr, bad);
+  Bundle* b = r ? r->bundle.load(std::memory_order_acquire) : nullptr;
+  int ret = b && bundle_active(b) ? bundle_post_send(b, c, qp, wr, bad) : c->orig.post_send(qp, wr, bad);
   QpStats& s = stats_for(r, c);
   count_send(s, wr, ret ? *bad : nullptr);
   if (ret) add(s.send_post_errors, 1);
@@ -90,6 +92,7 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
   ContextRecord* c = find_context(cq->context);
   int got = c->orig.poll_cq(cq, n, wc);
+  if (got > 0 && g_shadow_qps.load(std::memory_order_relaxed) > 0) got = bundle_filter(c, wc, got);
   if (got <= 0) return got;
   int sh = thread_shard();
   bool ex = sh < kShards;

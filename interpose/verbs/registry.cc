@@ -120,8 +120,10 @@ void on_open(ibv_context* ctx, const char* device) {
   agent::ensure_started();
 }
 
-void on_create_qp(ibv_qp* qp, bool extended) {
-  if (qp && current_mode() != Mode::off) track_qp(qp, extended);
+void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr) {
+  if (!qp || current_mode() == Mode::off) return;
+  QpRecord* r = track_qp(qp, extended);
+  if (r && attr) r->sq_sig_all = attr->sq_sig_all != 0;
 }
 
 QpRecord* track_qp(ibv_qp* qp, bool extended) {

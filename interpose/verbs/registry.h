@@ -31,6 +31,8 @@ struct ContextRecord {
   std::atomic<uint64_t> async_events{0};
 };
 
+struct Bundle;  // bundle.h
+
 struct QpRecord {
   ibv_qp* qp = nullptr;
   uint32_t qpn = 0;
@@ -40,6 +42,13 @@ struct QpRecord {
   bool extended = false;        // created with ibv_create_qp_ex
   std::atomic<bool> destroyed{false};
   std::atomic<int> state{IBV_QPS_RESET};
+  bool sq_sig_all = false;
+  // An application QP: its bundle, once shunt set out to build one.
+  std::atomic<Bundle*> bundle{nullptr};
+  // A shadow QP of a bundle (shunt's own): the bundle and the path index.
+  Bundle* shadow_of = nullptr;
+  int path = -1;
+  uint32_t primary_qpn = 0;
   QpStats s;
 };
 
@@ -54,7 +63,7 @@ ContextRecord* find_context(const ibv_context* ctx);
 // What the exported ibv_open_device/ibv_import_device and ibv_create_qp do
 // after the real call: act according to the mode in force (off: nothing).
 void on_open(ibv_context* ctx, const char* device);
-void on_create_qp(ibv_qp* qp, bool extended);
+void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr = nullptr);
 
 QpRecord* track_qp(ibv_qp* qp, bool extended);
 void untrack_qp(ibv_qp* qp);      // before the real destroy

@@ -1,0 +1,51 @@
+// The bundle behind an application's RC QP: shadow QPs on the same port,
+// each with its own flow label (so its own UDP source port and ECMP path),
+// set up with the peer's shim over the peer channel, and the rules that keep
+// verbs semantics while one-sided work moves between them:
+// - SENDs, WRITE_WITH_IMM and atomics stay on the application's QP (its
+//   receive queue and the peer's are the application's own); one-sided
+//   WRITE and READ go on a shadow path.
+// - A WR goes to the application's QP only once every earlier WR on a shadow
+//   has completed (a fence: shunt's own zero-length signaled WRITE when the
+//   last one was unsignaled); until then it and everything after it wait in
+//   the bundle and are posted from ibv_poll_cq.
+// - A shadow's completions reach the application's CQ with the
+//   application's wr_id and QP number; shunt's fences never show.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "interpose/verbs/registry.h"
+
+namespace shunt::verbs {
+
+// After a successful ibv_modify_qp of an application QP (active mode):
+// records what the shadows need, and at RTS starts the bundle's setup.
+void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask);
+// Before the real destroy of an application QP: destroys its shadows.
+void bundle_on_destroy(QpRecord* r);
+
+bool bundle_active(const Bundle* b);
+int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+
+// How many shadow QPs exist: the poll path looks for them only when some do.
+extern std::atomic<int> g_shadow_qps;
+// Rewrites the completions of shadow QPs among wc[0..n) to the application's
+// QP, drops shunt's own, posts WRs whose fence cleared; returns the new n.
+int bundle_filter(ContextRecord* c, ibv_wc* wc, int n);
+
+// The bundle of an application QP for the stats file (null when none).
+nlohmann::json bundle_json(const QpRecord& r);
+
+// Requests of other hosts' shims to this process (its peer listener).
+nlohmann::json bundle_answer(const nlohmann::json& req);
+
+// The directory of bundle owners on this host, in the run directory: the
+// host agent answers "locate" from it with the owner's listener port.
+std::string bundle_dir();
+int bundle_locate(const std::string& gid_hex, uint32_t qpn);
+
+}  // namespace shunt::verbs
