@@ -7,7 +7,8 @@
 #   naive  - NTP-style (latest forward - latest reverse) / 2 on the same probes
 #   chrony - chronyd -x (never touches the clock) in host 3 against a chronyd
 #            server in host 1 on rail 0 (truth 0: both share the kernel clock)
-#   cost   - probe bytes/s per peer against a 100 Gb/s link, CPU % of one core
+#   cost   - probe bytes/s per peer against a 100 Gb/s link; CPU (user+sys s per
+#            wall s) per host against the 2% of one core target
 # Usage: bench/clocksync.sh [DURATION_S]   (root; about DURATION + 10 s)
 set -u
 cd "$(dirname "$0")/.."

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sodium.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -20,8 +22,9 @@ namespace shunt::clocksync {
 namespace {
 constexpr int kRing = 8;               // pairs remembered per path and direction
 constexpr size_t kPendingMax = 1024;   // send stamps awaited per rail
-constexpr int64_t kTick = 5'000'000;   // liveness and estimator cadence, ns
 constexpr int64_t kLoopEvery = 100'000'000;
+constexpr int64_t kPhcEvery = 1'000'000'000;
+constexpr int64_t kMaxSleep = 1'000'000'000;  // a backstop; something is due sooner
 
 struct TxPair {
   uint64_t seq = kNoSeq;
@@ -135,9 +138,14 @@ ProbeEngine::ProbeEngine(EngineConfig cfg)
   // Pair sequence numbers start at the clock in us: a restarted engine never
   // reuses numbers its peers have seen, so their replay check needs no reset.
   seq_base_ = uint64_t(TimeSource::kernel_now() / 1000);
+  // Lives as long as the engine, so wake() is safe from any thread at any time.
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
-ProbeEngine::~ProbeEngine() { stop(); }
+ProbeEngine::~ProbeEngine() {
+  stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
 
 bool ProbeEngine::start(std::string* err) {
   if (thread_.joinable()) return true;
@@ -156,6 +164,11 @@ bool ProbeEngine::start(std::string* err) {
     socks_.push_back(std::move(s));
   }
   pending_.assign(socks_.size(), {});
+  if (wake_fd_ < 0) {
+    if (err) *err = std::string("eventfd: ") + strerror(errno);
+    socks_.clear();
+    return false;
+  }
   if (!cfg_.shm_name.empty()) {
     shm_ = std::make_unique<Shm>();
     if (!shm_->pub.open(cfg_.shm_name, self_id_, cfg_.name, cfg_.max_peers, err)) {
@@ -171,10 +184,24 @@ bool ProbeEngine::start(std::string* err) {
 
 void ProbeEngine::stop() {
   stop_ = true;
+  wake();
   if (thread_.joinable()) thread_.join();
   if (shm_) shm_->pub.close(true);
   shm_.reset();
   socks_.clear();
+}
+
+void ProbeEngine::wake() {
+  // Ends the engine thread's sleep so it recomputes what is due next.
+  if (wake_fd_ < 0) return;
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN: the counter is already non-zero, the thread wakes anyway
+}
+
+void ProbeEngine::set_probing(bool on) {
+  probing_.store(on);
+  wake();
 }
 
 void ProbeEngine::add_peer(const PeerSpec& spec) {
@@ -218,6 +245,7 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
     parse_ipv4(spec.addrs[i], cfg_.port, &p->paths[i].remote);
     if (p->paths[i].next_seq == 0) p->paths[i].next_seq = seq_base_;
   }
+  wake();  // a new peer's first pair may be due before the engine's next wakeup
 }
 
 void ProbeEngine::on_path_change(std::function<void(const PathEvent&)> cb) {
@@ -225,46 +253,74 @@ void ProbeEngine::on_path_change(std::function<void(const PathEvent&)> cb) {
   path_cb_ = std::move(cb);
 }
 
+// What the engine thread must do next, in local time: the next pair to send,
+// a path's dead deadline, an estimator window's end, the loop correction, a
+// PHC refresh. It sleeps until then or until a socket becomes readable,
+// never on a fixed tick (the tick cost more CPU than everything else).
+int64_t ProbeEngine::next_due(int64_t now) const {
+  int64_t due = now + kMaxSleep;
+  bool probing = probing_.load();
+  for (auto& p : peers_) {
+    if (probing) due = std::min(due, p->next_send);
+    due = std::min(due, p->est.next_due());
+    for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(cfg_.dead_ns));
+  }
+  if (!peers_.empty()) due = std::min(due, last_loop_ + kLoopEvery);
+  for (auto& s : socks_)
+    if (s->mode() == StampMode::hardware) due = std::min(due, last_phc_ + kPhcEvery);
+  return due;
+}
+
+void ProbeEngine::drain_stamps(size_t i) {
+  socks_[i]->drain_send_stamps([&](int64_t id, int64_t ns) {
+    auto& pend = pending_[i];
+    auto it = std::find_if(pend.begin(), pend.end(), [&](const Pending& x) { return x.id == id; });
+    if (it == pend.end()) return;
+    Pending pd = *it;
+    pend.erase(it);
+    if (pd.peer >= int(peers_.size()) || i >= peers_[pd.peer]->paths.size()) return;
+    TxPair& tp = peers_[pd.peer]->paths[i].tx[pd.seq % kRing];
+    int64_t local = ts_.local(ns);
+    // A stamp far from when we sent is not ours (counter out of step).
+    if (tp.seq != pd.seq || std::llabs(local - tp.app) > 1'000'000'000) return;
+    tp.tx[pd.idx] = local;
+    ctr_.tx_stamps++;
+  });
+}
+
 void ProbeEngine::run() {
-  std::vector<pollfd> fds(socks_.size());
+  std::vector<pollfd> fds(socks_.size() + 1);
   std::vector<PathEvent> events;
-  int64_t next_tick = 0;
   while (!stop_.load()) {
-    int64_t now = ts_.now();
-    int64_t wait = kTick;
+    int64_t wait;
     {
       std::lock_guard lk(mu_);
-      for (auto& p : peers_) wait = std::min(wait, p->next_send - now);
+      int64_t now = ts_.now();
+      wait = std::max<int64_t>(0, next_due(now) - now);
+      ctr_.wakeups++;
     }
-    for (size_t i = 0; i < socks_.size(); i++) fds[i] = {socks_[i]->fd(), POLLIN, 0};
-    // Round up: a sub-ms wait must sleep, not spin.
-    poll(fds.data(), fds.size(), int((std::max<int64_t>(0, wait) + 999'999) / 1'000'000));
-    std::lock_guard lk(mu_);
-    for (size_t i = 0; i < socks_.size(); i++) {
-      if (fds[i].revents & POLLERR) {
-        socks_[i]->drain_send_stamps([&](int64_t id, int64_t ns) {
-          auto& pend = pending_[i];
-          auto it = std::find_if(pend.begin(), pend.end(), [&](const Pending& x) { return x.id == id; });
-          if (it == pend.end()) return;
-          Pending pd = *it;
-          pend.erase(it);
-          if (pd.peer >= int(peers_.size()) || i >= peers_[pd.peer]->paths.size()) return;
-          TxPair& tp = peers_[pd.peer]->paths[i].tx[pd.seq % kRing];
-          int64_t local = ts_.local(ns);
-          // A stamp far from when we sent is not ours (counter out of step).
-          if (tp.seq != pd.seq || std::llabs(local - tp.app) > 1'000'000'000) return;
-          tp.tx[pd.idx] = local;
-          ctr_.tx_stamps++;
-        });
+    fds[0] = {wake_fd_, POLLIN, 0};
+    for (size_t i = 0; i < socks_.size(); i++) fds[i + 1] = {socks_[i]->fd(), POLLIN, 0};
+    // Nanosecond timeout: ms rounding would wake early (spin) or late.
+    timespec to{time_t(wait / 1'000'000'000), long(wait % 1'000'000'000)};
+    if (ppoll(fds.data(), fds.size(), &to, nullptr) > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t n = read(wake_fd_, &v, sizeof(v));
+      (void)n;
+    }
+    {
+      std::lock_guard lk(mu_);
+      for (size_t i = 0; i < socks_.size(); i++) {
+        short re = fds[i + 1].revents;
+        if (re & POLLERR) drain_stamps(i);
+        // POLLERR without a queued stamp is a pending socket error: a receive clears it.
+        if (re & (POLLIN | POLLERR)) receive(int(i));
       }
-      if (fds[i].revents & POLLIN) receive(int(i));
-    }
-    now = ts_.now();
-    if (probing_.load()) send_due(now);
-    if (now >= next_tick) {
+      int64_t now = ts_.now();
+      if (probing_.load()) send_due(now);
       tick(now, &events);
-      next_tick = now + kTick;
     }
+    // Outside the lock: a callback may read the engine (report(), path()).
     if (!events.empty()) {
       std::lock_guard cl(cb_mu_);
       for (auto& e : events) {
@@ -277,16 +333,24 @@ void ProbeEngine::run() {
 }
 
 void ProbeEngine::send_due(int64_t now) {
+  std::vector<bool> sent(socks_.size(), false);
   for (auto& p : peers_) {
     if (p->next_send > now) continue;
     for (size_t r = 0; r < p->paths.size(); r++)
-      if (p->paths[r].remote.sin_addr.s_addr != 0) send_pair(*p, int(r), now);
+      if (p->paths[r].remote.sin_addr.s_addr != 0) {
+        send_pair(*p, int(r), now);
+        sent[r] = true;
+      }
     // Keep the schedule, with a little jitter so hosts do not phase-lock.
     p->next_send += cfg_.interval_ns;
     if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
     p->next_send += int64_t(randombytes_uniform(uint32_t(cfg_.interval_ns / 20 + 1))) -
                     cfg_.interval_ns / 40;
   }
+  // Software send stamps are queued by the time send() returns: collect them
+  // now rather than in a wakeup of their own (hardware ones come later, on POLLERR).
+  for (size_t r = 0; r < socks_.size(); r++)
+    if (sent[r] && socks_[r]->mode() != StampMode::user) drain_stamps(r);
 }
 
 void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
@@ -490,7 +554,7 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
     correct_loops(now);
     publish(now);
   }
-  if (now - last_phc_ >= 1'000'000'000) {
+  if (now - last_phc_ >= kPhcEvery) {
     last_phc_ = now;
     for (auto& s : socks_) s->refresh_phc();
   }

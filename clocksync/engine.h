@@ -103,6 +103,7 @@ struct EngineCounters {
   uint64_t dropped_malformed = 0, dropped_auth = 0, dropped_unknown = 0, dropped_replay = 0;
   uint64_t send_errors = 0, tx_stamps = 0;
   uint64_t bytes_sent = 0;  // probe datagrams including IPv4 and UDP headers
+  uint64_t wakeups = 0;     // times the engine thread woke (it sleeps until something is due)
 };
 
 class ProbeEngine {
@@ -118,7 +119,7 @@ class ProbeEngine {
   // the same rail, merges; a named spec renames a peer found by address.
   void add_peer(const PeerSpec& p);
   // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
-  void set_probing(bool on) { probing_.store(on); }
+  void set_probing(bool on);
   // Called from the engine thread on every liveness change; keep it short.
   void on_path_change(std::function<void(const PathEvent&)> cb);
 
@@ -134,6 +135,9 @@ class ProbeEngine {
 
  private:
   void run();
+  void wake();
+  int64_t next_due(int64_t now) const;
+  void drain_stamps(size_t rail);
   void send_due(int64_t now);
   void send_pair(Peer& p, int rail, int64_t now);
   void receive(int rail);
@@ -157,6 +161,7 @@ class ProbeEngine {
   std::mutex cb_mu_;
   std::atomic<bool> stop_{false}, probing_{true};
   std::thread thread_;
+  int wake_fd_ = -1;  // eventfd, the engine's lifetime: add_peer, set_probing, stop end its sleep
   int64_t last_loop_ = 0, last_phc_ = 0;
   uint64_t seq_base_;
   struct Shm;

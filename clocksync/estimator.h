@@ -28,6 +28,7 @@
 // and each has its own offset, so the newest segment gets a model from its
 // first sample pair each way, with the drift of the whole span.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -72,6 +73,11 @@ class OffsetEstimator {
   void add_reverse(const Sample& s);
   // Closes windows that ended before `now` and refits when any did.
   void tick(int64_t now);
+  // The earliest time tick() has work to do (a window ends, or a refit is
+  // pending): callers sleep until then instead of ticking.
+  int64_t next_due() const {
+    return dirty_ ? std::numeric_limits<int64_t>::min() : std::min(fwin_.ends_at(), rwin_.ends_at());
+  }
   const ClockModel& model() const { return model_; }
   uint64_t steps_detected() const { return steps_; }
   uint64_t glitches() const { return glitches_; }  // lone samples below the envelope, dropped

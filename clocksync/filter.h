@@ -52,6 +52,8 @@ class WindowMin {
   std::optional<Sample> flush(int64_t now);
   void reset() { have_ = false; }
   int64_t window_ns() const { return window_; }
+  // When flush() will next return a window: the open window's end (INT64_MAX if none).
+  int64_t ends_at() const { return have_ ? (win_id_ + 1) * window_ : INT64_MAX; }
 
  private:
   int64_t window_;

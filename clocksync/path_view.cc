@@ -51,6 +51,11 @@ bool PathView::update_liveness(int64_t now, int64_t dead_ns) {
   return changed;
 }
 
+int64_t PathView::dead_at(int64_t dead_ns) const {
+  if (!alive_) return INT64_MAX;
+  return std::min(last_rx_, last_fb_progress_) + dead_ns + 1;  // update_liveness: "> dead_ns"
+}
+
 PathStats PathView::stats(int64_t now) const {
   PathStats s;
   s.alive = alive_;

@@ -32,6 +32,9 @@ class PathView {
   void add_delay(int64_t now, bool forward, double owd_ns);
   // Re-evaluates liveness; returns true when it changed.
   bool update_liveness(int64_t now, int64_t dead_ns);
+  // When an alive path turns dead unless proof of life arrives first
+  // (INT64_MAX for a dead one: only an arriving probe can revive it).
+  int64_t dead_at(int64_t dead_ns) const;
   PathStats stats(int64_t now) const;
   bool alive() const { return alive_; }
 
