@@ -662,7 +662,7 @@ int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, i
 
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
   int out = 0;
-  Bundle* touched = nullptr;
+  Bundle *touched = nullptr, *pending_flush = nullptr;
   for (int i = 0; i < n; i++) {
     QpRecord* r = find_qp_by_num(c, wc[i].qp_num);
     if (!r || !r->shadow_of) {
@@ -682,10 +682,15 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           p.signaled.pop_front();
         }
       }
-      if (!b->held.empty()) {
-        if (touched && touched != b) flush_held(touched, c);
+      if (!b->held.empty() && touched != b) {
+        if (touched) pending_flush = touched;  // rare: two bundles in one batch
         touched = b;
       }
+    }
+    if (pending_flush) {
+      std::lock_guard l(pending_flush->lk);
+      flush_held(pending_flush, c);
+      pending_flush = nullptr;
     }
     if (kind == kFence && wc[i].status == IBV_WC_SUCCESS) continue;
     wc[i].qp_num = r->primary_qpn;
