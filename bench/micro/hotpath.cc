@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "interpose/core/runtime.h"
+#include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 
 namespace {
@@ -60,6 +61,25 @@ void post_send(benchmark::State& st, shunt::Mode mode, bool bypass) {
   for (auto _ : st) benchmark::DoNotOptimize(ibv_post_send(&d->qp, &wr, &bad));
 }
 
+// Active mode with a bundle: the WRITE goes to a shadow QP (one path, the
+// steady state of a busy QP between drain points).
+void post_send_bundle(benchmark::State& st) {
+  auto d = std::make_unique<Device>(shunt::Mode::active);
+  ibv_qp shadow{};
+  shadow.context = &d->vctx.context;
+  shadow.qp_num = 78;
+  shadow.qp_type = IBV_QPT_RC;
+  shunt::verbs::bundle_attach_for_test(shunt::verbs::find_qp(&d->qp), {&shadow});
+  ibv_sge sge{0x1000, 4096, 1};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad = nullptr;
+  for (auto _ : st) benchmark::DoNotOptimize(ibv_post_send(&d->qp, &wr, &bad));
+  shunt::verbs::bundle_detach_for_test(shunt::verbs::find_qp(&d->qp));
+}
+
 void poll_cq(benchmark::State& st, shunt::Mode mode, bool bypass) {
   auto d = std::make_unique<Device>(mode);
   if (bypass) shunt::verbs::unpatch_context(&d->vctx.context);
@@ -71,6 +91,7 @@ void poll_cq(benchmark::State& st, shunt::Mode mode, bool bypass) {
 BENCHMARK_CAPTURE(post_send, unpatched, shunt::Mode::observe, true);
 BENCHMARK_CAPTURE(post_send, off, shunt::Mode::off, false);
 BENCHMARK_CAPTURE(post_send, observe, shunt::Mode::observe, false);
+BENCHMARK(post_send_bundle)->Name("post_send/active_bundle");
 BENCHMARK_CAPTURE(poll_cq, unpatched, shunt::Mode::observe, true);
 BENCHMARK_CAPTURE(poll_cq, off, shunt::Mode::off, false);
 BENCHMARK_CAPTURE(poll_cq, observe, shunt::Mode::observe, false);

@@ -45,6 +45,20 @@ struct Path {
   uint64_t wrs = 0, bytes = 0;
 };
 
+// The data path's lock: held for a few dozen instructions, never across a
+// call that can block; one locked instruction when uncontended.
+class SpinLock {
+ public:
+  void lock() {
+    while (f_.test_and_set(std::memory_order_acquire))
+      while (f_.test(std::memory_order_relaxed)) __builtin_ia32_pause();
+  }
+  void unlock() { f_.clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag f_ = ATOMIC_FLAG_INIT;
+};
+
 struct HeldWr {
   ibv_send_wr wr{};
   std::vector<ibv_sge> sge;
@@ -71,7 +85,8 @@ struct Bundle {
   std::string dir_file;
   // Data path.
   std::atomic<bool> active{false};
-  std::mutex lk;
+  SpinLock lk;
+  bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   std::vector<Path> paths;
   int cur = 0, last = kPrimary;
   std::deque<HeldWr> held;
@@ -250,6 +265,7 @@ void activate(Bundle* b) {
     std::lock_guard g(b->lk);
     b->cur = 0;
     b->last = kPrimary;
+    b->flowlet = config().num(Param::spread) == 1;
     b->active.store(true, std::memory_order_release);
   }
   set_state(b, "active");
@@ -464,19 +480,30 @@ bool two_sided(ibv_wr_opcode op) {
 
 bool drained(const Path& p) { return p.done == p.posted; }
 
+// Adds to a counter only this thread writes now (under the bundle's lock):
+// no locked instruction.
+inline void bump_locked(std::atomic<uint64_t>& c, uint64_t n) {
+  c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
 int post_on(Bundle* b, ContextRecord* c, int target, ibv_send_wr* w) {
-  ibv_send_wr one = *w;
-  one.next = nullptr;
+  bool sig = (w->send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
+  ibv_send_wr one;
+  ibv_send_wr* post = w;
+  if (w->next || (sig && !(w->send_flags & IBV_SEND_SIGNALED))) {  // post this WR alone, as asked
+    one = *w;
+    one.next = nullptr;
+    if (sig) one.send_flags |= IBV_SEND_SIGNALED;
+    post = &one;
+  }
   ibv_send_wr* bad = nullptr;
   if (target == kPrimary) {
-    int rc = c->orig.post_send(b->pqp, &one, &bad);
+    int rc = c->orig.post_send(b->pqp, post, &bad);
     if (rc == 0) b->last = kPrimary, b->to_primary++;
     return rc;
   }
   Path& p = b->paths[target];
-  bool sig = (w->send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
-  if (sig) one.send_flags |= IBV_SEND_SIGNALED;
-  int rc = c->orig.post_send(p.qp, &one, &bad);
+  int rc = c->orig.post_send(p.qp, post, &bad);
   if (rc) return rc;
   p.posted++;
   if (sig) p.signaled.emplace_back(p.posted, kApp);
@@ -485,9 +512,9 @@ int post_on(Bundle* b, ContextRecord* c, int target, ibv_send_wr* w) {
   uint64_t len = 0;
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
   p.bytes += len;
-  if (p.rec) {  // the path's own counters, as for any QP (shared shard)
-    add(p.rec->s.hot[kShards].send_wrs[static_cast<unsigned>(w->opcode) & (kWrOpcodes - 1)], 1);
-    add(p.rec->s.hot[kShards].send_bytes, len);
+  if (p.rec) {  // the path's own counters, as for any QP (the shared shard)
+    bump_locked(p.rec->s.hot[kShards].send_wrs[static_cast<unsigned>(w->opcode) & (kWrOpcodes - 1)], 1);
+    bump_locked(p.rec->s.hot[kShards].send_bytes, len);
   }
   b->last = target;
   return 0;
@@ -529,10 +556,10 @@ void hold(Bundle* b, const ibv_send_wr* w) {
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
   int target = kPrimary;
   if (!two_sided(w->opcode)) {
-    if (b->last != kPrimary && drained(b->paths[b->last]) && config().num(Param::spread) == 1)
-      b->cur = (b->last + 1) % static_cast<int>(b->paths.size());  // flowlet: a drain point
-    else if (b->last == kPrimary && config().num(Param::spread) == 1)
-      b->cur = (b->cur + 1) % static_cast<int>(b->paths.size());
+    if (b->flowlet && (b->last == kPrimary || drained(b->paths[b->last]))) {  // a drain point
+      int n = static_cast<int>(b->paths.size());
+      b->cur = (b->last == kPrimary ? b->cur + 1 : b->last + 1) % n;
+    }
     target = b->cur;
   }
   if (target != b->last && b->last != kPrimary && !drained(b->paths[b->last])) {
@@ -730,6 +757,44 @@ json bundle_answer(const json& req) {
     return {{"error", std::string("malformed request: ") + e.what()}};
   }
   return {{"error", "unknown command " + cmd}};
+}
+
+Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows) {
+  auto* b = new Bundle;
+  b->primary = r;
+  b->pqp = r->qp;
+  b->ctx = r->ctx;
+  for (size_t i = 0; i < shadows.size(); i++) {
+    Path p;
+    p.qp = shadows[i];
+    p.qpn = shadows[i]->qp_num;
+    p.flow_label = flow_label_for(r->qpn, static_cast<int>(i));
+    b->paths.push_back(p);
+  }
+  {
+    std::lock_guard g(g_mu);
+    if (!g_bundles) g_bundles = new std::vector<Bundle*>;
+    g_bundles->push_back(b);
+  }
+  std::lock_guard g(b->mu);
+  track_shadows(b);
+  r->bundle.store(b, std::memory_order_release);
+  activate(b);
+  return b;
+}
+
+void bundle_detach_for_test(QpRecord* r) {
+  Bundle* b = r->bundle.load();
+  if (!b) return;
+  std::lock_guard g(b->mu);
+  std::lock_guard l(b->lk);
+  b->dead = true;
+  b->active.store(false);
+  for (auto& p : b->paths) {
+    if (p.rec) g_shadow_qps.fetch_sub(1);
+    untrack_qp(p.qp);
+  }
+  r->bundle.store(nullptr);
 }
 
 std::string bundle_dir() {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "interpose/verbs/registry.h"
 
@@ -47,5 +48,10 @@ nlohmann::json bundle_answer(const nlohmann::json& req);
 // host agent answers "locate" from it with the owner's listener port.
 std::string bundle_dir();
 int bundle_locate(const std::string& gid_hex, uint32_t qpn);
+
+// Unit tests and the microbenchmark: an active bundle over hand-built
+// shadow QPs (no peer, nothing created), and its removal.
+Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows);
+void bundle_detach_for_test(QpRecord* r);
 
 }  // namespace shunt::verbs

@@ -1,0 +1,196 @@
+// The bundle's data path on a hand-built ibv_context: where each WR goes,
+// the fence in front of a WR that returns to the application's QP, and what
+// the application sees of the shadows' completions.
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "interpose/verbs/bundle.h"
+#include "interpose/verbs/registry.h"
+
+using namespace shunt::verbs;
+
+namespace {
+struct Posted {
+  uint32_t qpn;
+  ibv_wr_opcode opcode;
+  unsigned flags;
+  uint64_t wr_id;
+  uint32_t bytes;
+  std::string inline_data;
+};
+std::vector<Posted> g_posted;
+std::deque<ibv_wc> g_cq;  // what the fake device will return from poll
+
+int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
+  for (; wr; wr = wr->next) {
+    Posted p{qp->qp_num, wr->opcode, wr->send_flags, wr->wr_id, 0, {}};
+    for (int i = 0; i < wr->num_sge; i++) {
+      p.bytes += wr->sg_list[i].length;
+      if (wr->send_flags & IBV_SEND_INLINE)
+        p.inline_data.append(reinterpret_cast<const char*>(wr->sg_list[i].addr), wr->sg_list[i].length);
+    }
+    g_posted.push_back(p);
+  }
+  return 0;
+}
+int fake_poll_cq(ibv_cq*, int n, ibv_wc* wc) {
+  int k = 0;
+  for (; k < n && !g_cq.empty(); k++) {
+    wc[k] = g_cq.front();
+    g_cq.pop_front();
+  }
+  return k;
+}
+
+// The device "completes" the k-th signaled WR posted on qpn.
+void complete(uint32_t qpn, uint64_t wr_id, ibv_wc_opcode op = IBV_WC_RDMA_WRITE) {
+  ibv_wc w{};
+  w.qp_num = qpn;
+  w.wr_id = wr_id;
+  w.status = IBV_WC_SUCCESS;
+  w.opcode = op;
+  g_cq.push_back(w);
+}
+
+struct Rig {
+  verbs_context vctx{};
+  ibv_context* ctx = &vctx.context;
+  ibv_qp app{}, sh[3]{};
+  ibv_cq cq{};
+  QpRecord* rec = nullptr;
+  Rig() {
+    vctx.sz = sizeof vctx;
+    ctx->ops.post_send = fake_post_send;
+    ctx->ops.poll_cq = fake_poll_cq;
+    app.context = ctx;
+    app.qp_num = 500;
+    app.qp_type = IBV_QPT_RC;
+    cq.context = ctx;
+    for (int i = 0; i < 3; i++) {
+      sh[i].context = ctx;
+      sh[i].qp_num = 501 + i;
+      sh[i].qp_type = IBV_QPT_RC;
+    }
+    g_posted.clear();
+    g_cq.clear();
+    EXPECT_TRUE(patch_context(ctx, "bundle0"));
+    rec = track_qp(&app, false);
+    bundle_attach_for_test(rec, {&sh[0], &sh[1], &sh[2]});
+  }
+  ~Rig() {
+    bundle_detach_for_test(rec);
+    untrack_qp(&app);
+    unpatch_context(ctx);
+  }
+  int post(ibv_wr_opcode op, unsigned flags, uint64_t id, void* buf = nullptr, uint32_t len = 64) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf), len, 1};
+    ibv_send_wr wr{};
+    wr.opcode = op;
+    wr.send_flags = flags;
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(&app, &wr, &bad);
+  }
+  std::vector<ibv_wc> poll() {
+    ibv_wc wc[16];
+    int n = ibv_poll_cq(&cq, 16, wc);
+    return std::vector<ibv_wc>(wc, wc + std::max(n, 0));
+  }
+};
+}  // namespace
+
+TEST(Bundle, OneSidedWorkRidesAShadowAndTwoSidedStaysOnTheApplicationsQp) {
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1), 0);
+  ASSERT_EQ(g_posted.size(), 1u);
+  EXPECT_GE(g_posted[0].qpn, 501u);  // a shadow
+  uint32_t shadow = g_posted[0].qpn;
+
+  // The application's completion of that WRITE comes back as its own.
+  complete(shadow, 1);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+
+  // The shadow has drained: a SEND goes straight to the application's QP.
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2), 0);
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_EQ(g_posted[1].qpn, 500u);
+  EXPECT_EQ(g_posted[1].opcode, IBV_WR_SEND);
+}
+
+TEST(Bundle, ASendAfterAnUnsignaledWriteWaitsBehindAFenceTheApplicationNeverSees) {
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 10), 0);  // unsignaled
+  ASSERT_EQ(g_posted.size(), 1u);
+  uint32_t shadow = g_posted[0].qpn;
+  char msg[] = "hello";
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED | IBV_SEND_INLINE, 11, msg, 5), 0);
+  memcpy(msg, "XXXXX", 5);  // the caller may reuse an inline buffer at once
+  // The SEND waits; a zero-length signaled WRITE fences the shadow.
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_EQ(g_posted[1].qpn, shadow);
+  EXPECT_EQ(g_posted[1].opcode, IBV_WR_RDMA_WRITE);
+  EXPECT_EQ(g_posted[1].bytes, 0u);
+  EXPECT_TRUE(g_posted[1].flags & IBV_SEND_SIGNALED);
+  // A WRITE posted meanwhile keeps its place behind the SEND.
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 12), 0);
+  EXPECT_EQ(g_posted.size(), 2u);
+
+  // The fence completes: the application sees nothing of it, and the held
+  // SEND (with the bytes it had when posted) and WRITE go out, in order.
+  complete(shadow, 0);
+  EXPECT_TRUE(r.poll().empty());
+  ASSERT_EQ(g_posted.size(), 4u);
+  EXPECT_EQ(g_posted[2].qpn, 500u);
+  EXPECT_EQ(g_posted[2].wr_id, 11u);
+  EXPECT_EQ(g_posted[2].inline_data, "hello");
+  EXPECT_GE(g_posted[3].qpn, 501u);
+  EXPECT_EQ(g_posted[3].wr_id, 12u);
+}
+
+TEST(Bundle, FlowletMovesToTheNextShadowOnlyWhenTheCurrentOneDrained) {
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1), 0);
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 2), 0);
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_EQ(g_posted[0].qpn, g_posted[1].qpn);  // outstanding: same path
+  complete(g_posted[0].qpn, 1);
+  complete(g_posted[1].qpn, 2);
+  EXPECT_EQ(r.poll().size(), 2u);
+  ASSERT_EQ(r.post(IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, 3), 0);
+  ASSERT_EQ(g_posted.size(), 3u);
+  EXPECT_NE(g_posted[2].qpn, g_posted[1].qpn);  // drained: the next path
+  EXPECT_GE(g_posted[2].qpn, 501u);
+
+  auto j = bundle_json(*r.rec);
+  EXPECT_EQ(j["state"], "active");
+  uint64_t wrs = 0;
+  for (const auto& p : j["paths"]) wrs += p["wrs"].get<uint64_t>();
+  EXPECT_EQ(wrs, 3u);
+}
+
+TEST(Bundle, CompletionsOfOtherQpsPassUntouchedInOneBatch) {
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1), 0);
+  uint32_t shadow = g_posted[0].qpn;
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2), 0);  // fence posted, SEND held
+  complete(999, 7, IBV_WC_RECV);                           // some other QP's
+  complete(shadow, 0);                                     // the fence
+  complete(500, 5, IBV_WC_RECV);                           // the application's own receive
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_EQ(wc[0].qp_num, 999u);
+  EXPECT_EQ(wc[1].qp_num, 500u);
+  EXPECT_EQ(wc[1].wr_id, 5u);
+  EXPECT_EQ(g_posted.back().wr_id, 2u);  // the held SEND went out
+  EXPECT_EQ(g_posted.back().qpn, 500u);
+}
