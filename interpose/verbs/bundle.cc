@@ -377,7 +377,7 @@ void run_setup(Bundle* b) {
       }
       usleep(100 * 1000);
     }
-    std::lock_guard g(b->mu);
+    std::unique_lock g(b->mu);
     if (b->dead) return;
     if (refused || !reply) {
       err = last;
@@ -388,7 +388,10 @@ void run_setup(Bundle* b) {
     for (auto& p : b->paths)
       if (!connect_shadow(b, p, &err)) goto failed;
     track_shadows(b);
+    g.unlock();  // no bundle lock across the network
     auto ok = ask(ip, port, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, &err);
+    g.lock();
+    if (b->dead) return;
     if (!ok || !ok->value("ok", false)) {
       err = "the peer did not activate: " + (ok ? ok->dump() : err);
       goto failed;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
@@ -183,9 +184,15 @@ QpRecord* find_qp(const ibv_qp* qp) { return g_by_ptr.find(reinterpret_cast<uint
 QpRecord* find_qp_by_num(const ContextRecord* c, uint32_t qpn) { return g_by_num.find(num_key(c, qpn)); }
 
 void for_each_qp(const std::function<void(const QpRecord&)>& fn) {
-  std::lock_guard lk(g_mu);
-  if (g_records)
-    for (auto& r : *g_records) fn(r);
+  // fn runs without g_mu (records are never freed): it may take locks that
+  // are held by code that tracks QPs (a bundle's, while it adds shadows).
+  std::vector<const QpRecord*> all;
+  {
+    std::lock_guard lk(g_mu);
+    if (g_records)
+      for (auto& r : *g_records) all.push_back(&r);
+  }
+  for (const QpRecord* r : all) fn(*r);
 }
 
 void for_each_context(const std::function<void(const ContextRecord&)>& fn) {

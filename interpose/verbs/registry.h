@@ -73,7 +73,8 @@ QpRecord* find_qp(const ibv_qp* qp);
 uint64_t qp_generation();
 QpRecord* find_qp_by_num(const ContextRecord* c, uint32_t qpn);
 
-// Visits every QP record ever made (live and destroyed), under the lock.
+// Visits every QP record ever made (live and destroyed); fn runs without
+// the registry lock held.
 void for_each_qp(const std::function<void(const QpRecord&)>& fn);
 void for_each_context(const std::function<void(const ContextRecord&)>& fn);
 
