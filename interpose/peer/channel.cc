@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -159,6 +160,19 @@ Listener* open_listener(const std::string& addr, int port, const Key& job, Reque
 Listener* g_process_listener = nullptr;
 int g_process_port = 0;
 std::mutex g_process_mu;
+
+// A forked child has no listener thread: its own bundles must get a
+// listener of their own, not advertise the parent's port.
+struct ForkReset {
+  ForkReset() {
+    on_fork(nullptr, nullptr, [] {
+      if (g_process_listener) ::close(g_process_listener->fd);
+      g_process_listener = nullptr;  // leaked: its thread is the parent's
+      g_process_port = 0;
+      new (&g_process_mu) std::mutex;
+    });
+  }
+} g_fork_reset;
 }  // namespace
 
 bool start_listener(const std::string& addr, int port, const Key& job, RequestHandler h) {

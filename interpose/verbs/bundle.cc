@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +11,6 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -128,9 +128,12 @@ void fall_back(Bundle* b, const std::string& why) {
                    {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
 }
 
+// No thread_local generator: libshunt's TLS must stay small enough for the
+// static TLS block when a program dlopens it.
 uint32_t random_psn() {
-  static thread_local std::mt19937 rng(std::random_device{}());
-  return rng() & 0xffffff;
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof v, 0) != sizeof v) v = static_cast<uint32_t>(mono_ms() * 2654435761u);
+  return v & 0xffffff;
 }
 
 // Flow labels below 0x4000 give UDP source port 0xC000 | label (the
