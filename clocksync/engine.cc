@@ -25,6 +25,7 @@ constexpr size_t kPendingMax = 1024;   // send stamps awaited per rail
 constexpr int64_t kLoopEvery = 100'000'000;
 constexpr int64_t kPhcEvery = 1'000'000'000;
 constexpr int64_t kMaxSleep = 1'000'000'000;  // a backstop; something is due sooner
+constexpr size_t kMaxSourcePaths = 64;        // per peer, ours and reflected each
 
 struct TxPair {
   uint64_t seq = kNoSeq;
@@ -48,6 +49,7 @@ struct ProbeEngine::Pending {
   int peer;
   uint64_t seq;
   int idx;
+  SourcePath* sp;  // on a rail socket: the reflected path it was for, or null (the rail path)
 };
 
 struct PathState {
@@ -63,12 +65,40 @@ struct PathState {
   PathView view;
 };
 
+struct ProbeEngine::SourcePath {
+  int id = 0;        // 0: reflected
+  int peer = 0;      // index in peers_
+  int rail = 0;
+  uint16_t port = 0;  // our source port, or the peer's (reflected)
+  bool reflected = false;
+  std::unique_ptr<ProbeSocket> sock;  // ours only; a reflected path uses the rail socket
+  std::vector<Pending> pending;       // ours only: send id -> probe
+  PathState ps;
+  PairFilter filter;
+  int64_t last_rx = 0;  // reflected: forgotten after reflect_idle() without a probe
+
+  explicit SourcePath(int64_t tol) : filter(tol) {}
+};
+
+// Where a pair goes out: the socket, the path's state, where its send stamps
+// are awaited, and whether it carries gossip (rail paths only).
+struct ProbeEngine::Out {
+  ProbeSocket* sock;
+  PathState* ps;
+  std::vector<Pending>* pend;
+  SourcePath* sp;  // a reflected path sent on the rail socket, else null
+  int rail;
+  bool gossip;
+};
+
 struct ProbeEngine::Peer {
   std::string name;
+  int index = 0;  // in peers_ (peers are never removed)
   uint64_t id = 0;
   bool id_confirmed = false;
   bool by_address = false;  // named after its address until a named spec merges in
   std::vector<PathState> paths;
+  std::vector<std::unique_ptr<SourcePath>> sources;  // ours and reflected
   OffsetEstimator est;
   PairFilter filter;
   int64_t next_send = 0;
@@ -86,6 +116,11 @@ struct ProbeEngine::Peer {
 struct ProbeEngine::Shm {
   ClockPublisher pub;
 };
+
+namespace {
+// A reflected path lives while the peer probes it, and a few seconds more.
+int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000'000, 4 * c.dead_ns); }
+}  // namespace
 
 uint64_t node_id(std::string_view name) {
   static std::once_flag once;
@@ -178,6 +213,7 @@ bool ProbeEngine::start(std::string* err) {
     }
   }
   stop_ = false;
+  running_ = true;
   thread_ = std::thread([this] { run(); });
   return true;
 }
@@ -186,6 +222,12 @@ void ProbeEngine::stop() {
   stop_ = true;
   wake();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lk(mu_);
+    running_ = false;
+    graveyard_.clear();
+  }
+  graveyard_cv_.notify_all();
   if (shm_) shm_->pub.close(true);
   shm_.reset();
   socks_.clear();
@@ -229,6 +271,7 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
     }
     peers_.push_back(std::make_unique<Peer>(cfg_.est, cfg_.pair_tol_ns));
     p = peers_.back().get();
+    p->index = int(peers_.size()) - 1;
     p->name = spec.name;
     p->id = node_id(spec.name);
     p->by_address = spec.by_address;
@@ -253,6 +296,86 @@ void ProbeEngine::on_path_change(std::function<void(const PathEvent&)> cb) {
   path_cb_ = std::move(cb);
 }
 
+void ProbeEngine::on_source_path_change(std::function<void(const PathEvent&)> cb) {
+  std::lock_guard lk(cb_mu_);
+  source_cb_ = std::move(cb);
+}
+
+int ProbeEngine::add_source_path(std::string_view peer, int rail, uint16_t src_port, std::string* err) {
+  auto fail = [&](std::string why) {
+    if (err) *err = std::move(why);
+    return 0;
+  };
+  if (rail < 0 || size_t(rail) >= cfg_.local_addrs.size())
+    return fail("no rail " + std::to_string(rail) + " (" + std::to_string(cfg_.local_addrs.size()) + " rails)");
+  if (src_port == cfg_.port) return fail("source port " + std::to_string(src_port) + " is the probe port");
+  // Bound before taking the lock (the engine thread keeps running meanwhile).
+  auto sock = std::make_unique<ProbeSocket>();
+  std::string why;
+  if (!sock->open(cfg_.local_addrs[rail], src_port, cfg_.want_hw, &why, /*reuse_addr=*/false))
+    return fail(why);
+  int id;
+  {
+    std::lock_guard lk(mu_);
+    Peer* p = nullptr;
+    for (auto& q : peers_)
+      if (q->name == peer) p = q.get();
+    if (!p) return fail("unknown peer " + std::string(peer));
+    if (size_t(rail) >= p->paths.size() || p->paths[rail].remote.sin_addr.s_addr == 0)
+      return fail("peer " + p->name + " has no address on rail " + std::to_string(rail));
+    size_t n = 0;
+    for (auto& q : p->sources) n += !q->reflected;
+    if (n >= kMaxSourcePaths)
+      return fail("peer " + p->name + " has " + std::to_string(n) + " source paths, the most allowed");
+    auto sp = std::make_unique<SourcePath>(cfg_.pair_tol_ns);
+    id = sp->id = next_source_id_++;
+    sp->peer = p->index;
+    sp->rail = rail;
+    sp->port = sock->port();
+    sp->sock = std::move(sock);
+    sp->ps.remote = p->paths[rail].remote;
+    // Its own sequence space, from the clock like the engine's: never one the
+    // peer saw on an earlier path from this port.
+    sp->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
+    log::info("clocksync: source path {} to {} rail {} from {}:{}", id, p->name, rail,
+              cfg_.local_addrs[rail], sp->port);
+    p->sources.push_back(std::move(sp));
+  }
+  wake();  // its socket joins the poll set
+  return id;
+}
+
+bool ProbeEngine::remove_source_path(int id) {
+  std::unique_lock lk(mu_);
+  bool found = false;
+  for (auto& p : peers_)
+    for (size_t k = 0; k < p->sources.size(); k++)
+      if (!p->sources[k]->reflected && p->sources[k]->id == id) {
+        graveyard_.push_back(std::move(p->sources[k]));
+        p->sources.erase(p->sources.begin() + long(k));
+        found = true;
+        break;
+      }
+  if (!found) return false;
+  // The engine thread may be polling its socket: it closes it once awake.
+  if (!running_ || std::this_thread::get_id() == thread_.get_id()) {
+    graveyard_.clear();
+    return true;
+  }
+  wake();
+  graveyard_cv_.wait_for(lk, std::chrono::seconds(2), [&] { return graveyard_.empty(); });
+  return true;
+}
+
+std::optional<SourcePathStats> ProbeEngine::source_path(int id) const {
+  std::lock_guard lk(mu_);
+  for (auto& p : peers_)
+    for (auto& sp : p->sources)
+      if (!sp->reflected && sp->id == id)
+        return SourcePathStats{sp->id, sp->rail, sp->port, false, sp->ps.view.stats(ts_.now())};
+  return std::nullopt;
+}
+
 // What the engine thread must do next, in local time: the next pair to send,
 // a path's dead deadline, an estimator window's end, the loop correction, a
 // PHC refresh. It sleeps until then or until a socket becomes readable,
@@ -264,6 +387,10 @@ int64_t ProbeEngine::next_due(int64_t now) const {
     if (probing) due = std::min(due, p->next_send);
     due = std::min(due, p->est.next_due());
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(cfg_.dead_ns));
+    for (auto& sp : p->sources) {
+      due = std::min(due, sp->ps.view.dead_at(cfg_.dead_ns));
+      if (sp->reflected) due = std::min(due, sp->last_rx + reflect_idle(cfg_) + 1);
+    }
   }
   if (!peers_.empty()) due = std::min(due, last_loop_ + kLoopEvery);
   for (auto& s : socks_)
@@ -271,15 +398,24 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   return due;
 }
 
-void ProbeEngine::drain_stamps(size_t i) {
-  socks_[i]->drain_send_stamps([&](int64_t id, int64_t ns) {
-    auto& pend = pending_[i];
+void ProbeEngine::drain_stamps(ProbeSocket& s, std::vector<Pending>& pend, SourcePath* own,
+                               int rail) {
+  s.drain_send_stamps([&](int64_t id, int64_t ns) {
     auto it = std::find_if(pend.begin(), pend.end(), [&](const Pending& x) { return x.id == id; });
     if (it == pend.end()) return;
     Pending pd = *it;
     pend.erase(it);
-    if (pd.peer >= int(peers_.size()) || i >= peers_[pd.peer]->paths.size()) return;
-    TxPair& tp = peers_[pd.peer]->paths[i].tx[pd.seq % kRing];
+    PathState* ps = nullptr;
+    if (own) {
+      ps = &own->ps;
+    } else if (pd.peer < int(peers_.size())) {
+      Peer& p = *peers_[pd.peer];
+      if (!pd.sp && size_t(rail) < p.paths.size()) ps = &p.paths[rail];
+      for (auto& q : p.sources)
+        if (pd.sp && q.get() == pd.sp) ps = &q->ps;
+    }
+    if (!ps) return;
+    TxPair& tp = ps->tx[pd.seq % kRing];
     int64_t local = ts_.local(ns);
     // A stamp far from when we sent is not ours (counter out of step).
     if (tp.seq != pd.seq || std::llabs(local - tp.app) > 1'000'000'000) return;
@@ -289,18 +425,26 @@ void ProbeEngine::drain_stamps(size_t i) {
 }
 
 void ProbeEngine::run() {
-  std::vector<pollfd> fds(socks_.size() + 1);
+  std::vector<pollfd> fds;
+  std::vector<SourcePath*> own;  // fds[1 + rails + k] is own[k]'s socket
   std::vector<PathEvent> events;
   while (!stop_.load()) {
     int64_t wait;
+    fds.assign(1, {wake_fd_, POLLIN, 0});
+    own.clear();
     {
       std::lock_guard lk(mu_);
       int64_t now = ts_.now();
       wait = std::max<int64_t>(0, next_due(now) - now);
       ctr_.wakeups++;
+      for (auto& s : socks_) fds.push_back({s->fd(), POLLIN, 0});
+      for (auto& p : peers_)
+        for (auto& sp : p->sources)
+          if (!sp->reflected) {
+            fds.push_back({sp->sock->fd(), POLLIN, 0});
+            own.push_back(sp.get());
+          }
     }
-    fds[0] = {wake_fd_, POLLIN, 0};
-    for (size_t i = 0; i < socks_.size(); i++) fds[i + 1] = {socks_[i]->fd(), POLLIN, 0};
     // Nanosecond timeout: ms rounding would wake early (spin) or late.
     timespec to{time_t(wait / 1'000'000'000), long(wait % 1'000'000'000)};
     if (ppoll(fds.data(), fds.size(), &to, nullptr) > 0 && (fds[0].revents & POLLIN)) {
@@ -312,20 +456,38 @@ void ProbeEngine::run() {
       std::lock_guard lk(mu_);
       for (size_t i = 0; i < socks_.size(); i++) {
         short re = fds[i + 1].revents;
-        if (re & POLLERR) drain_stamps(i);
+        if (re & POLLERR) drain_stamps(*socks_[i], pending_[i], nullptr, int(i));
         // POLLERR without a queued stamp is a pending socket error: a receive clears it.
-        if (re & (POLLIN | POLLERR)) receive(int(i));
+        if (re & (POLLIN | POLLERR)) receive(*socks_[i], int(i), nullptr);
+      }
+      for (size_t k = 0; k < own.size(); k++) {
+        // Removed meanwhile: still alive in graveyard_ until the end of this round.
+        SourcePath* sp = own[k];
+        bool live = false;
+        for (auto& q : peers_[sp->peer]->sources) live |= q.get() == sp;
+        short re = fds[1 + socks_.size() + k].revents;
+        if (!live || !re) continue;
+        if (re & POLLERR) drain_stamps(*sp->sock, sp->pending, sp, sp->rail);
+        if (re & (POLLIN | POLLERR)) receive(*sp->sock, sp->rail, sp);
       }
       int64_t now = ts_.now();
       if (probing_.load()) send_due(now);
       tick(now, &events);
+      graveyard_.clear();
     }
+    graveyard_cv_.notify_all();
     // Outside the lock: a callback may read the engine (report(), path()).
     if (!events.empty()) {
       std::lock_guard cl(cb_mu_);
       for (auto& e : events) {
-        log::info("clocksync: path {} rail {} is {}", e.peer, e.path, e.alive ? "alive" : "dead");
-        if (path_cb_) path_cb_(e);
+        if (e.source_id) {
+          log::info("clocksync: source path {} ({} rail {} from port {}) is {}", e.source_id, e.peer,
+                    e.path, e.port, e.alive ? "alive" : "dead");
+          if (source_cb_) source_cb_(e);
+        } else {
+          log::info("clocksync: path {} rail {} is {}", e.peer, e.path, e.alive ? "alive" : "dead");
+          if (path_cb_) path_cb_(e);
+        }
       }
       events.clear();
     }
@@ -338,9 +500,21 @@ void ProbeEngine::send_due(int64_t now) {
     if (p->next_send > now) continue;
     for (size_t r = 0; r < p->paths.size(); r++)
       if (p->paths[r].remote.sin_addr.s_addr != 0) {
-        send_pair(*p, int(r), now);
+        send_pair(p->index, {socks_[r].get(), &p->paths[r], &pending_[r], nullptr, int(r), true}, now);
         sent[r] = true;
       }
+    // Source paths after the rail paths' pairs, on the same schedule.
+    for (auto& sp : p->sources) {
+      if (sp->reflected) {
+        send_pair(p->index, {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false}, now);
+        sent[sp->rail] = true;
+        continue;
+      }
+      if (p->paths[sp->rail].remote.sin_addr.s_addr == 0) continue;
+      sp->ps.remote = p->paths[sp->rail].remote;  // add_peer may have renamed/readdressed it
+      send_pair(p->index, {sp->sock.get(), &sp->ps, &sp->pending, nullptr, sp->rail, false}, now);
+      if (sp->sock->mode() != StampMode::user) drain_stamps(*sp->sock, sp->pending, sp.get(), sp->rail);
+    }
     // Keep the schedule, with a little jitter so hosts do not phase-lock.
     p->next_send += cfg_.interval_ns;
     if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
@@ -350,13 +524,14 @@ void ProbeEngine::send_due(int64_t now) {
   // Software send stamps are queued by the time send() returns: collect them
   // now rather than in a wakeup of their own (hardware ones come later, on POLLERR).
   for (size_t r = 0; r < socks_.size(); r++)
-    if (sent[r] && socks_[r]->mode() != StampMode::user) drain_stamps(r);
+    if (sent[r] && socks_[r]->mode() != StampMode::user) drain_stamps(*socks_[r], pending_[r], nullptr, int(r));
 }
 
-void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
-  PathState& ps = p.paths[rail];
+void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
+  Peer& p = *peers_[peer_idx];
+  PathState& ps = *o.ps;
   Probe pr;
-  pr.path = uint8_t(rail);
+  pr.path = uint8_t(o.rail);
   pr.sender_id = self_id_;
   // A peer found by address does not know our id for it yet: 0 is "whoever
   // listens on this address" until its first probe tells us its id.
@@ -383,7 +558,7 @@ void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
   for (const RxPair* r : top)
     if (r) pr.feedback[pr.n_feedback++] = {r->seq, r->rx[0], r->rx[1], ps.rx_count};
   // Gossip: our direct estimates of other peers, a few per probe, in turn.
-  if (peers_.size() > 1) {
+  if (o.gossip && peers_.size() > 1) {
     for (size_t k = 0; k < peers_.size() && pr.n_gossip < kMaxGossip; k++) {
       const Peer& q = *peers_[(p.gossip_cursor + k) % peers_.size()];
       const ClockModel& m = q.est.model();
@@ -403,10 +578,7 @@ void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
   size_t n1 = encode(pr, cfg_.key, b1);
   TxPair& tp = ps.tx[pr.seq % kRing];
   tp = TxPair{pr.seq, {0, 0}, now};
-  ProbeSocket& s = *socks_[rail];
-  int peer_idx = 0;
-  for (size_t i = 0; i < peers_.size(); i++)
-    if (peers_[i].get() == &p) peer_idx = int(i);
+  ProbeSocket& s = *o.sock;
   int64_t id0 = s.send(ps.remote, {b0.data(), n0});
   int64_t id1 = s.send(ps.remote, {b1.data(), n1});
   int64_t ids[2] = {id0, id1};
@@ -421,19 +593,19 @@ void ProbeEngine::send_pair(Peer& p, int rail, int64_t now) {
       tp.tx[i] = ts_.now();
       continue;
     }
-    auto& pend = pending_[rail];
+    auto& pend = *o.pend;
     if (pend.size() >= kPendingMax) pend.erase(pend.begin());
-    pend.push_back({ids[i], peer_idx, pr.seq, i});
+    pend.push_back({ids[i], peer_idx, pr.seq, i, o.sp});
   }
   ps.view.on_sent(now, pr.seq);
 }
 
-void ProbeEngine::receive(int rail) {
+void ProbeEngine::receive(ProbeSocket& s, int rail, SourcePath* own) {
   std::array<uint8_t, kMaxProbeSize + 1> buf;
   for (int i = 0; i < 256; i++) {
     sockaddr_in from{};
     int64_t rx_ns = 0;
-    ssize_t n = socks_[rail]->recv(buf, &from, &rx_ns);
+    ssize_t n = s.recv(buf, &from, &rx_ns);
     if (n < 0) return;
     if (!probing_.load()) continue;
     ctr_.received++;
@@ -450,7 +622,10 @@ void ProbeEngine::receive(int rail) {
       ctr_.dropped_malformed++;
       continue;
     }
-    handle(rail, pr, from, ts_.local(rx_ns));
+    if (own)
+      handle_source(*own, pr, from, ts_.local(rx_ns));
+    else
+      handle(rail, pr, from, ts_.local(rx_ns));
   }
 }
 
@@ -473,12 +648,73 @@ void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int
     ctr_.dropped_unknown++;
     return;
   }
-  PathState& ps = p->paths[rail];
+  if (from.sin_port != htons(cfg_.port)) {
+    // From another port than the probe port: one of the peer's source paths.
+    // We answer it (reflected) from our probe port to that port.
+    SourcePath* sp = nullptr;
+    size_t n = 0;
+    for (auto& q : p->sources) {
+      if (!q->reflected) continue;
+      n++;
+      if (q->rail == rail && q->ps.remote.sin_port == from.sin_port &&
+          q->ps.remote.sin_addr.s_addr == from.sin_addr.s_addr)
+        sp = q.get();
+    }
+    if (!sp) {
+      if (n >= kMaxSourcePaths) {
+        ctr_.dropped_unknown++;
+        return;
+      }
+      auto q = std::make_unique<SourcePath>(cfg_.pair_tol_ns);
+      q->peer = p->index;
+      q->rail = rail;
+      q->port = ntohs(from.sin_port);
+      q->reflected = true;
+      q->ps.remote = from;
+      q->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
+      q->last_rx = rx;
+      sp = q.get();
+      p->sources.push_back(std::move(q));
+    }
+    if (path_probe(*p, sp->ps, sp->filter, pr, rx, false)) sp->last_rx = rx;
+    return;
+  }
+  if (!path_probe(*p, p->paths[rail], p->filter, pr, rx, true)) return;
+  // Gossip about hosts we also probe.
+  for (int k = 0; k < pr.n_gossip; k++) {
+    const Gossip& g = pr.gossip[k];
+    if (g.peer_id == self_id_ || g.peer_id == p->id) continue;
+    auto it = std::find_if(p->heard.begin(), p->heard.end(), [&](const Heard& h) { return h.id == g.peer_id; });
+    if (it == p->heard.end()) {
+      if (p->heard.size() >= size_t(cfg_.max_peers)) continue;
+      it = p->heard.insert(p->heard.end(), Heard{});
+    }
+    *it = Heard{g.peer_id, double(g.offset_ns), double(g.drift_ps_s) * 1e-12, double(g.bound_ns),
+                pr.tx_app_ns, rx};
+  }
+}
+
+void ProbeEngine::handle_source(SourcePath& sp, const Probe& pr, const sockaddr_in& from, int64_t rx) {
+  // Only the peer it goes to answers a source path, from its probe port.
+  Peer& p = *peers_[sp.peer];
+  if (from.sin_port != htons(cfg_.port) || find_peer(pr.sender_id, from, sp.rail) != &p) {
+    ctr_.dropped_unknown++;
+    return;
+  }
+  path_probe(p, sp.ps, sp.filter, pr, rx, false);
+}
+
+// A probe that passed the checks, on one path: receive and replay
+// bookkeeping, liveness, and the one-way delays its stamps complete. `clock`:
+// the samples also feed the peer's clock estimate (rail paths only).
+bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx,
+                             bool clock) {
+  Peer* p = &pe;
   RxPair& slot = ps.rx[pr.seq % kRing];
   bool too_old = ps.rx_any && pr.seq + kRing <= ps.rx_max;
   if (too_old || (slot.seq == pr.seq && slot.rx[pr.idx] != 0)) {
     ctr_.dropped_replay++;
-    return;
+    return false;
   }
   p->id_confirmed = true;
   if (slot.seq != pr.seq) slot = RxPair{pr.seq, {0, 0}};
@@ -495,13 +731,13 @@ void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int
     if (r.seq == pr.fu_seq) {
       ps.last_rev = pr.fu_seq;
       ps.rev_any = true;
-      if (r.rx[0]) {
+      if (clock && r.rx[0]) {
         p->naive_r = r.rx[0] - pr.fu_tx0;
         p->naive_r_t = r.rx[0];
         p->have_r = true;
       }
-      if (auto d = p->filter.accept({pr.fu_tx0, pr.fu_tx1, r.rx[0], r.rx[1]})) {
-        p->est.add_reverse({r.rx[0], *d});
+      if (auto d = filter.accept({pr.fu_tx0, pr.fu_tx1, r.rx[0], r.rx[1]})) {
+        if (clock) p->est.add_reverse({r.rx[0], *d});
         if (m.valid) ps.view.add_delay(rx, false, double(*d) + m.offset_at(r.rx[0]));
       }
     }
@@ -518,28 +754,25 @@ void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int
     ps.last_fwd = f.seq;
     ps.fwd_any = true;
     ps.view.on_feedback(rx, f.rx_count, f.seq);
-    if (f.rx0) {
+    if (clock && f.rx0) {
       p->naive_f = f.rx0 - t.tx[0];
       p->naive_f_t = t.tx[0];
       p->have_f = true;
     }
-    if (auto d = p->filter.accept({t.tx[0], t.tx[1], f.rx0, f.rx1})) {
-      p->est.add_forward({t.tx[0], *d});
+    if (auto d = filter.accept({t.tx[0], t.tx[1], f.rx0, f.rx1})) {
+      if (clock) p->est.add_forward({t.tx[0], *d});
       if (m.valid) ps.view.add_delay(rx, true, double(*d) - m.offset_at(t.tx[0]));
     }
   }
-  // Gossip about hosts we also probe.
-  for (int k = 0; k < pr.n_gossip; k++) {
-    const Gossip& g = pr.gossip[k];
-    if (g.peer_id == self_id_ || g.peer_id == p->id) continue;
-    auto it = std::find_if(p->heard.begin(), p->heard.end(), [&](const Heard& h) { return h.id == g.peer_id; });
-    if (it == p->heard.end()) {
-      if (p->heard.size() >= size_t(cfg_.max_peers)) continue;
-      it = p->heard.insert(p->heard.end(), Heard{});
-    }
-    *it = Heard{g.peer_id, double(g.offset_ns), double(g.drift_ps_s) * 1e-12, double(g.bound_ns),
-                pr.tx_app_ns, rx};
-  }
+  return true;
+}
+
+void ProbeEngine::forget_reflected(Peer& p, size_t k) {
+  SourcePath* sp = p.sources[k].get();
+  auto& pend = pending_[sp->rail];
+  pend.erase(std::remove_if(pend.begin(), pend.end(), [&](const Pending& x) { return x.sp == sp; }),
+             pend.end());
+  p.sources.erase(p.sources.begin() + long(k));
 }
 
 void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
@@ -548,6 +781,16 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
     for (size_t r = 0; r < p->paths.size(); r++)
       if (p->paths[r].view.update_liveness(now, cfg_.dead_ns))
         events->push_back({p->name, int(r), p->paths[r].view.alive(), now});
+    for (size_t k = 0; k < p->sources.size();) {
+      SourcePath& sp = *p->sources[k];
+      if (sp.reflected && now - sp.last_rx > reflect_idle(cfg_)) {
+        forget_reflected(*p, k);  // the peer stopped probing it (removed, or its traffic is lost)
+        continue;
+      }
+      if (sp.ps.view.update_liveness(now, cfg_.dead_ns) && !sp.reflected)
+        events->push_back({p->name, sp.rail, sp.ps.view.alive(), now, sp.id, sp.port});
+      k++;
+    }
   }
   if (now - last_loop_ >= kLoopEvery) {
     last_loop_ = now;
@@ -557,6 +800,9 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
   if (now - last_phc_ >= kPhcEvery) {
     last_phc_ = now;
     for (auto& s : socks_) s->refresh_phc();
+    for (auto& p : peers_)
+      for (auto& sp : p->sources)
+        if (sp->sock) sp->sock->refresh_phc();
   }
 }
 
@@ -677,6 +923,8 @@ std::vector<PeerReport> ProbeEngine::report() const {
     r.id = p->id;
     r.clock = clock_of(*p, now);
     for (auto& ps : p->paths) r.paths.push_back(ps.view.stats(now));
+    for (auto& sp : p->sources)
+      r.source_paths.push_back({sp->id, sp->rail, sp->port, sp->reflected, sp->ps.view.stats(now)});
     r.pairs_kept = p->filter.accepted();
     r.pairs_dropped = p->filter.rejected();
     r.steps = p->est.steps_detected();

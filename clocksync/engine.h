@@ -11,12 +11,21 @@
 // way delays without any extra message. Feedback also proves the path works
 // both ways, which is what liveness is based on.
 //
+// Source paths (add_source_path): extra paths to a peer on one rail whose
+// probes leave from a chosen local UDP source port, so they can follow a
+// flow with that source port (see SourcePathStats).
+//
+// The thread sleeps until the next thing is due (a pair to send, a path's
+// dead deadline, an estimator window's end, the loop correction) or a socket
+// is readable; it never ticks.
+//
 // Embedding: construct with an EngineConfig (engine_config_from() builds one
 // from the SHUNT_* variables), add_peer() for every host to probe (now or
 // later, from any thread), start(), then read report()/clock()/path() or
 // register on_path_change(). stop() (or the destructor) joins the thread.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,6 +37,7 @@
 #include <vector>
 
 #include "clocksync/estimator.h"
+#include "clocksync/filter.h"
 #include "clocksync/path_view.h"
 #include "clocksync/probe_socket.h"
 #include "clocksync/test_clock.h"
@@ -83,19 +93,38 @@ struct PeerClock {
   double naive_offset_ns = 0;  // NTP-style: (latest forward - latest reverse) / 2
 };
 
+// A source path: probes to a peer on one rail that leave from a chosen local
+// UDP port of the rail's address instead of the probe port, so they hash
+// like a flow using that source port (a verbs bundle's shadow QP) wherever
+// ECMP ignores the destination port. The peer answers from its probe port to
+// that source port: on its side the path is *reflected*, created by the
+// first probe and forgotten after a few seconds without one. Both ends keep
+// separate liveness, loss and one-way delays for it; the clock estimate
+// comes from the rail paths only.
+struct SourcePathStats {
+  int id = 0;               // add_source_path's id; 0 on a reflected path
+  int rail = 0;
+  uint16_t port = 0;        // our source port; on a reflected path, the peer's
+  bool reflected = false;   // the peer's source path, which we answer
+  PathStats stats;
+};
+
 struct PeerReport {
   std::string name;
   uint64_t id = 0;
   PeerClock clock;
   std::vector<PathStats> paths;  // index = rail
+  std::vector<SourcePathStats> source_paths;
   uint64_t pairs_kept = 0, pairs_dropped = 0, steps = 0;
 };
 
 struct PathEvent {
   std::string peer;
-  int path = 0;
+  int path = 0;        // rail
   bool alive = false;
-  int64_t at = 0;  // local ns
+  int64_t at = 0;      // local ns
+  int source_id = 0;   // a source path's id (on_source_path_change only)
+  uint16_t port = 0;   // its source port
 };
 
 struct EngineCounters {
@@ -105,6 +134,8 @@ struct EngineCounters {
   uint64_t bytes_sent = 0;  // probe datagrams including IPv4 and UDP headers
   uint64_t wakeups = 0;     // times the engine thread woke (it sleeps until something is due)
 };
+
+struct PathState;  // engine.cc
 
 class ProbeEngine {
  public:
@@ -120,8 +151,23 @@ class ProbeEngine {
   void add_peer(const PeerSpec& p);
   // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
   void set_probing(bool on);
-  // Called from the engine thread on every liveness change; keep it short.
+  // Called from the engine thread on every liveness change of a rail path;
+  // keep it short.
   void on_path_change(std::function<void(const PathEvent&)> cb);
+
+  // Adds a source path to `peer` (its current name) on `rail`: probes from
+  // the rail's address and local UDP port `src_port` (0: any free port; not
+  // the probe port), bound without SO_REUSEADDR so a port another socket
+  // holds is an error, not shared. The peer must have an address on that
+  // rail. Returns the path's id (> 0), or 0 with the reason in *err.
+  // Thread-safe, any time (before start() too).
+  int add_source_path(std::string_view peer, int rail, uint16_t src_port, std::string* err);
+  // Stops probing it and closes its socket before returning (the port is
+  // free again). False if no such id. Not from on_source_path_change.
+  bool remove_source_path(int id);
+  std::optional<SourcePathStats> source_path(int id) const;
+  // Liveness changes of our source paths (engine thread; keep it short).
+  void on_source_path_change(std::function<void(const PathEvent&)> cb);
 
   std::vector<PeerReport> report() const;
   std::optional<PeerClock> clock(std::string_view peer) const;
@@ -131,17 +177,24 @@ class ProbeEngine {
   const TimeSource& time() const { return ts_; }
   const EngineConfig& config() const { return cfg_; }
 
-  struct Peer;  // engine.cc
+  struct Peer;        // engine.cc
+  struct SourcePath;  // engine.cc
 
  private:
+  struct Pending;
+  struct Out;  // where a pair goes: socket, path state, stamp bookkeeping
   void run();
   void wake();
   int64_t next_due(int64_t now) const;
-  void drain_stamps(size_t rail);
+  void drain_stamps(ProbeSocket& s, std::vector<Pending>& pend, SourcePath* own, int rail);
   void send_due(int64_t now);
-  void send_pair(Peer& p, int rail, int64_t now);
-  void receive(int rail);
+  void send_pair(int peer_idx, const Out& o, int64_t now);
+  void receive(ProbeSocket& s, int rail, SourcePath* own);
   void handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
+  void handle_source(SourcePath& sp, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
+  bool path_probe(Peer& p, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx,
+                  bool clock);
+  void forget_reflected(Peer& p, size_t k);
   void tick(int64_t now, std::vector<PathEvent>* events);
   void correct_loops(int64_t now);
   void publish(int64_t now);
@@ -152,14 +205,18 @@ class ProbeEngine {
   TimeSource ts_;
   uint64_t self_id_;
   std::vector<std::unique_ptr<ProbeSocket>> socks_;
-  struct Pending;
   std::vector<std::vector<Pending>> pending_;  // per rail: send id -> probe
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Peer>> peers_;
+  // Removed source paths whose sockets the engine thread may still poll: it
+  // destroys them once awake, and remove_source_path waits for that.
+  std::vector<std::unique_ptr<SourcePath>> graveyard_;
+  std::condition_variable graveyard_cv_;
+  int next_source_id_ = 1;
   EngineCounters ctr_;
-  std::function<void(const PathEvent&)> path_cb_;
+  std::function<void(const PathEvent&)> path_cb_, source_cb_;
   std::mutex cb_mu_;
-  std::atomic<bool> stop_{false}, probing_{true};
+  std::atomic<bool> stop_{false}, probing_{true}, running_{false};
   std::thread thread_;
   int wake_fd_ = -1;  // eventfd, the engine's lifetime: add_peer, set_probing, stop end its sleep
   int64_t last_loop_ = 0, last_phc_ = 0;

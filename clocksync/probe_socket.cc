@@ -95,7 +95,8 @@ ProbeSocket::~ProbeSocket() {
   if (fd_ >= 0) close(fd_);
 }
 
-bool ProbeSocket::open(const std::string& addr, uint16_t port, bool want_hw, std::string* err) {
+bool ProbeSocket::open(const std::string& addr, uint16_t port, bool want_hw, std::string* err,
+                       bool reuse_addr) {
   sockaddr_in sa;
   if (!parse_ipv4(addr, port, &sa)) {
     if (err) *err = "not an IPv4 address: " + addr;
@@ -107,13 +108,16 @@ bool ProbeSocket::open(const std::string& addr, uint16_t port, bool want_hw, std
     return false;
   }
   int one = 1;
-  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+  if (reuse_addr) setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  socklen_t len = sizeof(sa);
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     if (err) *err = "bind " + addr + ":" + std::to_string(port) + ": " + strerror(errno);
     close(fd_);
     fd_ = -1;
     return false;
   }
+  port_ = ntohs(sa.sin_port);
   // Probes are the lowest-latency traffic we can make them.
   int prio = 6;
   setsockopt(fd_, SOL_SOCKET, SO_PRIORITY, &prio, sizeof(prio));

@@ -28,9 +28,13 @@ class ProbeSocket {
   ProbeSocket(const ProbeSocket&) = delete;
   ProbeSocket& operator=(const ProbeSocket&) = delete;
 
-  // Binds addr:port; `want_hw` allows hardware stamps if the NIC has them.
-  bool open(const std::string& addr, uint16_t port, bool want_hw, std::string* err);
+  // Binds addr:port (port 0: one the kernel picks); `want_hw` allows
+  // hardware stamps if the NIC has them. `reuse_addr` sets SO_REUSEADDR (the
+  // rail sockets); without it the bind fails while any socket holds the port.
+  bool open(const std::string& addr, uint16_t port, bool want_hw, std::string* err,
+            bool reuse_addr = true);
   int fd() const { return fd_; }
+  uint16_t port() const { return port_; }  // the bound port
   StampMode mode() const { return mode_; }
   const std::string& ifname() const { return ifname_; }
 
@@ -47,6 +51,7 @@ class ProbeSocket {
  private:
   int64_t stamp_from_cmsg(void* msghdr_ptr) const;
   int fd_ = -1;
+  uint16_t port_ = 0;
   StampMode mode_ = StampMode::user;
   std::string ifname_;
   int64_t next_id_ = 0;

@@ -1,9 +1,10 @@
 // The probe engine end to end on loopback, inside a network namespace of the
 // test's own (a thread that unshares its network namespace; skipped where
 // that is not permitted): how often its thread wakes, when it declares a
-// path dead.
+// path dead, source paths (probes from a chosen UDP source port).
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <net/if.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "clocksync/engine.h"
@@ -145,14 +147,152 @@ TEST(ClocksyncEngine, DeclaresDeadPathWithinThreeIntervalsAndWakesForNewPeers) {
     int64_t cut = a.time().now();
     b.stop();  // the path fails both ways at once
     for (int i = 0; i < 100 && a.path("b", 0)->alive; i++) std::this_thread::sleep_for(10ms);
+    int64_t heard = a.path("b", 0)->last_heard_ns;
     std::lock_guard lk(mu);
     ASSERT_GE(ev.size(), 2u);
     EXPECT_TRUE(ev.front().alive);
     EXPECT_FALSE(ev.back().alive);
-    double ms = double(ev.back().at - cut) / 1e6;
-    printf("dead %.1f ms after the cut\n", ms);
+    double ms = double(ev.back().at - cut) / 1e6, silent = double(ev.back().at - heard) / 1e6;
+    printf("dead %.1f ms after the cut, %.1f ms after the last proof of life\n", ms, silent);
     EXPECT_LE(ms, 300.0);  // 3 probe intervals
-    EXPECT_GE(ms, 150.0);  // not before 250 ms of silence (the last pair came <= 1 interval before)
+    // At its deadline: after 250 ms of silence, not before (the upper limit
+    // leaves room for a busy machine; here it is 250.1 ms).
+    EXPECT_GT(silent, 250.0);
+    EXPECT_LE(silent, 290.0);
+  });
+}
+
+
+template <typename F>
+bool eventually(F f, std::chrono::milliseconds limit = 4s) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (f()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return f();
+}
+
+std::vector<SourcePathStats> reflected(const ProbeEngine& e, const std::string& peer) {
+  std::vector<SourcePathStats> out;
+  for (auto& r : e.report())
+    if (r.name == peer)
+      for (auto& sp : r.source_paths)
+        if (sp.reflected) out.push_back(sp);
+  return out;
+}
+
+TEST(ClocksyncEngine, SourcePathsKeepTheirOwnStats) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    std::mutex mu;
+    std::vector<PathEvent> ev;
+    p.a.on_source_path_change([&](const PathEvent& e) {
+      std::lock_guard lk(mu);
+      ev.push_back(e);
+    });
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    std::string err;
+    int s1 = p.a.add_source_path("b", 0, 40001, &err);
+    ASSERT_GT(s1, 0) << err;
+    int s2 = p.a.add_source_path("b", 0, 40002, &err);
+    ASSERT_GT(s2, 0) << err;
+    EXPECT_NE(s1, s2);
+    ASSERT_TRUE(eventually([&] { return p.a.source_path(s1)->stats.alive && p.a.source_path(s2)->stats.alive; }));
+    // One-way delays once the clock model exists (a few 0.5 s windows).
+    ASSERT_TRUE(eventually([&] {
+      return p.a.source_path(s1)->stats.fwd_p50_ns >= 0 && p.a.source_path(s2)->stats.rev_p50_ns >= 0;
+    }, 6s));
+    auto a1 = *p.a.source_path(s1), a2 = *p.a.source_path(s2);
+    printf("source port %d: sent %llu received %llu fwd p50 %.0f ns rev p50 %.0f ns\n", a1.port,
+           (unsigned long long)a1.stats.sent, (unsigned long long)a1.stats.received, a1.stats.fwd_p50_ns,
+           a1.stats.rev_p50_ns);
+    EXPECT_EQ(a1.port, 40001);
+    EXPECT_EQ(a2.port, 40002);
+    EXPECT_EQ(a1.rail, 0);
+    EXPECT_FALSE(a1.reflected);
+    EXPECT_GT(a1.stats.sent, 0u);
+    EXPECT_GT(a1.stats.received, 0u);
+    EXPECT_GT(a2.stats.received, 0u);
+    EXPECT_LT(a1.stats.fwd_p50_ns, 1e6);  // loopback: well under a millisecond
+    // The report lists both; the peer answers each as a reflected path of its own.
+    auto rep = p.a.report();
+    ASSERT_EQ(rep.size(), 1u);
+    EXPECT_EQ(rep[0].paths.size(), 1u);  // the rail path is still the rail path
+    EXPECT_EQ(rep[0].source_paths.size(), 2u);
+    auto rb = reflected(p.b, "a");
+    ASSERT_EQ(rb.size(), 2u);
+    std::set<int> ports;
+    for (auto& r : rb) {
+      ports.insert(r.port);
+      EXPECT_EQ(r.id, 0);
+      EXPECT_TRUE(r.stats.alive);
+      EXPECT_GT(r.stats.received, 0u);
+    }
+    EXPECT_EQ(ports, (std::set<int>{40001, 40002}));
+    // The rail path kept probing and estimating on its own.
+    EXPECT_TRUE(p.a.path("b", 0)->alive);
+    EXPECT_TRUE(p.a.clock("b")->valid);
+    std::lock_guard lk(mu);
+    ASSERT_GE(ev.size(), 2u);
+    for (auto& e : ev) {
+      EXPECT_TRUE(e.source_id == s1 || e.source_id == s2);
+      EXPECT_EQ(e.port, e.source_id == s1 ? 40001 : 40002);
+      EXPECT_TRUE(e.alive);
+    }
+  });
+}
+
+TEST(ClocksyncEngine, SourcePathErrors) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    if (!p.start()) return;
+    std::string err;
+    // A port another socket holds: bind fails (no SO_REUSEADDR to share it).
+    int held = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(40003);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    EXPECT_EQ(p.a.add_source_path("b", 0, 40003, &err), 0);
+    EXPECT_NE(err.find("bind"), std::string::npos) << err;
+    close(held);
+    EXPECT_EQ(p.a.add_source_path("nobody", 0, 40004, &err), 0);
+    EXPECT_NE(err.find("unknown peer"), std::string::npos) << err;
+    EXPECT_EQ(p.a.add_source_path("b", 1, 40004, &err), 0);
+    EXPECT_NE(err.find("rail"), std::string::npos) << err;
+    EXPECT_EQ(p.a.add_source_path("b", 0, p.a.config().port, &err), 0);
+    EXPECT_NE(err.find("probe port"), std::string::npos) << err;
+    // Port 0: the kernel picks one, reported back.
+    int id = p.a.add_source_path("b", 0, 0, &err);
+    ASSERT_GT(id, 0) << err;
+    EXPECT_NE(p.a.source_path(id)->port, 0);
+    EXPECT_FALSE(p.a.remove_source_path(id + 100));
+  });
+}
+
+TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    std::string err;
+    int id = p.a.add_source_path("b", 0, 40005, &err);
+    ASSERT_GT(id, 0) << err;
+    ASSERT_TRUE(eventually([&] { return p.a.source_path(id)->stats.alive; }));
+    ASSERT_EQ(reflected(p.b, "a").size(), 1u);
+    EXPECT_TRUE(p.a.remove_source_path(id));
+    EXPECT_FALSE(p.a.source_path(id));
+    EXPECT_TRUE(p.a.report()[0].source_paths.empty());
+    // Its socket is closed by the time remove returns: the port binds again.
+    int id2 = p.a.add_source_path("b", 0, 40005, &err);
+    ASSERT_GT(id2, 0) << err;
+    EXPECT_TRUE(p.a.remove_source_path(id2));
+    // The peer stops answering a path nobody probes (after a few seconds).
+    EXPECT_TRUE(eventually([&] { return reflected(p.b, "a").empty(); }, 5s));
+    EXPECT_TRUE(p.a.path("b", 0)->alive);
   });
 }
 
