@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Verbs bundles against ECMP collisions, on soft-RoCE guests: 4 hosts, two
+# per leaf, two spines, every leaf-spine link limited to RATE Mbit/s (tbf)
+# so the spines, not the guests' CPUs, are the bottleneck. Two 2-rank
+# shunt-bench all-to-all jobs run at once across the spines (h1<->h3,
+# h2<->h4), -c 1:
+# - without shunt, each job's QP sits on the spine its UDP source port
+#   hashes to. The runs are classified by the fabric's counters: "collided"
+#   when one spine carried >= 90% of the cross-leaf bytes, else "apart".
+#   Runs repeat (new QPNs, new ports) until both kinds were seen, or
+#   BUNDLE_BENCH_TRIES ran out.
+# - with shunt (active, 8 paths per rail, flowlet), each QP's traffic moves
+#   over 8 source ports.
+# Reported: the sum of both jobs' busbw, and shunt's ratio to each kind of
+# baseline (targets: >= 1.6x collided, >= 0.95x apart).
+. "$(dirname "$0")/../test/fabric/lib.sh"
+need_guests
+LIB=$B/lib/libshunt.so
+BENCH=$B/bin/shunt-bench
+RATE=${BUNDLE_BENCH_RATE:-24}
+DUR=${BUNDLE_BENCH_SECONDS:-25}
+TRIES=${BUNDLE_BENCH_TRIES:-6}
+up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2
+for l in 1 2; do for s in 1 2; do fab fault rate "l${l}r0-s$s" "$RATE" >/dev/null || fail "rate l${l}r0-s$s"; done; done
+KEY=bench-$$
+
+# pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
+job() {
+  local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
+  [ "$with" = shunt ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8)
+  local boot
+  boot=$(fab addr "$a" r0)
+  local args=(--world 2 --bootstrap "$boot:$port" --transport verbs -d rxe0 --verb write_imm -b 4M -e 4M
+    --duration "$DUR" -w 1 -c 1 --seg 256K --stall-timeout 60)
+  fab exec "$b" -- timeout 200 "${env[@]}" "$BENCH" --rank 1 "${args[@]}" > "$TMP/$tag-1" 2>&1 &
+  local p=$!
+  fab exec "$a" -- timeout 200 "${env[@]}" "$BENCH" --rank 0 "${args[@]}" > "$TMP/$tag-0" 2>&1
+  local rc=$?
+  wait $p || rc=1
+  return $rc
+}
+
+# round WITH -> "busbw_sum s1_bytes s2_bytes"
+round() {
+  local with=$1 port=$((30000 + RANDOM % 2000))
+  snap a
+  job "$with" A h1 h3 $port & local ja=$!
+  job "$with" B h2 h4 $((port + 1)) & local jb=$!
+  wait $ja || { cat "$TMP/A-0" "$TMP/A-1" >&2; fail "job A ($with) failed"; }
+  wait $jb || { cat "$TMP/B-0" "$TMP/B-1" >&2; fail "job B ($with) failed"; }
+  snap b
+  local bw s1 s2
+  bw=$(for t in A B; do grep -v '^#' "$TMP/$t-0" | awk 'NF == 9 { if ($9 != 0) exit 1; print $8 }'; done |
+    awk '{ s += $1 } END { printf "%.4f", s }')
+  s1=$(($(delta a b l1r0-s1 up_bytes) + $(delta a b l2r0-s1 up_bytes)))
+  s2=$(($(delta a b l1r0-s2 up_bytes) + $(delta a b l2r0-s2 up_bytes)))
+  echo "$bw $s1 $s2"
+}
+
+collided= apart=
+for ((i = 1; i <= TRIES; i++)); do
+  round plain > "$TMP/round"
+  read -r bw s1 s2 < "$TMP/round"
+  kind=apart
+  [ $((s1 * 10)) -ge $(((s1 + s2) * 9)) ] || [ $((s2 * 10)) -ge $(((s1 + s2) * 9)) ] && kind=collided
+  echo "  without shunt, run $i: busbw $bw GB/s, spine 1 $s1 B, spine 2 $s2 B: $kind"
+  [ $kind = collided ] && [ -z "$collided" ] && collided=$bw
+  [ $kind = apart ] && [ -z "$apart" ] && apart=$bw
+  [ -n "$collided" ] && [ -n "$apart" ] && break
+done
+round shunt > "$TMP/round"
+read -r with s1 s2 < "$TMP/round"
+echo "  with shunt (8 paths, flowlet): busbw $with GB/s, spine 1 $s1 B, spine 2 $s2 B"
+ratio() { python3 -c "print('%.2fx' % ($1 / $2))"; }
+echo "two jobs across $RATE Mbit/s spines, busbw summed over both (GB/s):"
+[ -n "$collided" ] && echo "  collided: without $collided, with $with: $(ratio "$with" "$collided") (target >= 1.6x)" ||
+  echo "  collided: no colliding placement in $TRIES runs"
+[ -n "$apart" ] && echo "  apart:    without $apart, with $with: $(ratio "$with" "$apart") (target >= 0.95x)" ||
+  echo "  apart: no separated placement in $TRIES runs"
