@@ -2,7 +2,8 @@
 # Source it: . "$(dirname "$0")/../lib.sh"
 set -u
 ROOT=${SRC_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-B=$ROOT/${BUILD:-build}
+B=${BUILD:-build}
+case $B in /*) ;; *) B=$ROOT/$B ;; esac
 LIB=$B/lib/libshunt.so
 TMP=$(mktemp -d /tmp/shunt-test.XXXXXX)
 cleanup_hooks=()

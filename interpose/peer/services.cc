@@ -1,4 +1,5 @@
 // The services every host agent runs, and the commands that expose them.
+#include <map>
 #include <mutex>
 
 #include "clocksync/engine.h"
@@ -34,13 +35,66 @@ json peers_json() {
       p["rail"] = i;
       paths.push_back(p);
     }
+    json sps = json::array();
+    for (const auto& sp : r.source_paths) {
+      json p = path_json(sp.stats);
+      p["rail"] = sp.rail;
+      p["port"] = sp.port;
+      p["reflected"] = sp.reflected;
+      sps.push_back(p);
+    }
     out.push_back({{"peer", r.name},
+                   {"source_paths", sps},
                    {"clock", {{"valid", r.clock.valid}, {"offset_ns", r.clock.offset_ns},
                               {"bound_ns", r.clock.bound_ns}, {"drift_ppb", r.clock.drift_ppb},
                               {"age_ns", r.clock.age_ns}}},
                    {"paths", paths}});
   }
   return out;
+}
+
+// Source paths of verbs bundles: a process asks for probes from each shadow
+// QP's UDP source port to the bundle's peer, and drops them when the QP
+// goes. Keyed by the bundle ("GID-QPN" of the application's QP).
+std::map<std::string, std::vector<int>> g_bundle_paths;  // agent thread only
+
+json add_bundle_paths(const json& req) {
+  if (!g_engine) return {{"error", "no probe engine (SHUNT_PROBE_ADDRS)"}};
+  const std::string peer = req.value("peer", ""), local = req.value("local", ""), key = req.value("key", "");
+  const auto& locals = g_engine->config().local_addrs;
+  int rail = -1;
+  for (size_t i = 0; i < locals.size(); i++)
+    if (locals[i] == local) rail = static_cast<int>(i);
+  if (rail < 0) return {{"error", local + " is not a probe address (SHUNT_PROBE_ADDRS)"}};
+  if (key.empty() || g_bundle_paths.count(key)) return {{"error", "bad or repeated bundle key"}};
+  clocksync::PeerSpec spec;  // merges into a peer already known at that address
+  spec.name = peer;
+  spec.by_address = true;
+  spec.addrs.assign(rail + 1, "");
+  spec.addrs[rail] = peer;
+  g_engine->add_peer(spec);
+  // A peer also listed in SHUNT_PEERS goes by its own name there; then
+  // add_source_path reports it unknown under its address (in "errors").
+  const std::string& name = peer;
+  std::vector<int> ids;
+  json errors = json::array();
+  for (const auto& sp : req.value("sports", json::array())) {
+    std::string err;
+    int id = g_engine->add_source_path(name, rail, sp.get<uint16_t>(), &err);
+    if (id > 0) ids.push_back(id);
+    else errors.push_back(err);
+  }
+  g_bundle_paths[key] = ids;
+  return {{"ok", true}, {"paths", ids.size()}, {"errors", errors}};
+}
+
+json drop_bundle_paths(const json& req) {
+  auto it = g_bundle_paths.find(req.value("key", ""));
+  if (it == g_bundle_paths.end()) return {{"ok", false}};
+  if (g_engine)
+    for (int id : it->second) g_engine->remove_source_path(id);
+  g_bundle_paths.erase(it);
+  return {{"ok", true}};
 }
 
 void start_probe_engine() {
@@ -72,6 +126,14 @@ void register_builtin_services() {
                         if (g_engine) g_engine->stop();
                       }});
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
+    register_command("bundle-paths", [](const json& r) {
+      try {
+        return add_bundle_paths(r);
+      } catch (const json::exception& e) {
+        return json{{"error", std::string("malformed request: ") + e.what()}};
+      }
+    });
+    register_command("bundle-paths-drop", drop_bundle_paths);
     register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));
     telemetry::register_agent_services([] { return g_engine; });

@@ -17,6 +17,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
+#include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/peer/control.h"
 #include "telemetry/event_log.h"
@@ -73,7 +74,7 @@ struct Bundle {
   ContextRecord* ctx = nullptr;
   // Control path.
   std::mutex mu;
-  bool dead = false, started = false, registered = false;
+  bool dead = false, started = false, registered = false, probed = false;
   std::string state = "waiting for RTS";
   int access = 0;
   uint8_t port = 1;
@@ -138,13 +139,25 @@ uint32_t random_psn() {
 
 // Flow labels below 0x4000 give UDP source port 0xC000 | label (the
 // kernel's rdma_flow_label_to_udp_sport), so path i gets a port of its own.
-uint32_t flow_label_for(uint32_t qpn, int i) { return ((qpn * 2654435761u >> 18) + 977u * (i + 1)) % 0x3fff + 1; }
+// The seed mixes in the local address, so the two ends' shadows (often of
+// equal QPNs on fresh hosts) use different ports.
+uint32_t flow_label_for(uint32_t seed, int i) { return ((seed * 2654435761u >> 18) + 977u * (i + 1)) % 0x3fff + 1; }
+uint32_t label_seed(const Bundle* b) {
+  uint32_t a;
+  memcpy(&a, b->lgid.raw + 12, 4);
+  return b->pqp->qp_num ^ (a * 2246822519u);
+}
 
 ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
   ibv_qp_attr qa{};
   ibv_qp_init_attr init{};
   if (ibv_query_qp(b->pqp, &qa, IBV_QP_CAP, &init) != 0) {
     *err = std::string("ibv_query_qp: ") + strerror(errno);
+    return nullptr;
+  }
+  int64_t limit = config().num(Param::test_shadow_limit);
+  if (limit >= 0 && static_cast<int64_t>(b->paths.size()) >= limit) {
+    *err = "ibv_create_qp: injected failure (SHUNT_TEST_SHADOW_LIMIT)";
     return nullptr;
   }
   ibv_qp_init_attr ia{};
@@ -176,7 +189,7 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
   p.qp = q;
   p.qpn = q->qp_num;
   p.psn = random_psn();
-  p.flow_label = flow_label_for(b->pqp->qp_num, i);
+  p.flow_label = flow_label_for(label_seed(b), i);
   b->paths.push_back(p);
   return q;
 }
@@ -281,6 +294,38 @@ void activate(Bundle* b) {
                                     {"udp_sports", ports}});
 }
 
+std::string probe_key(const Bundle* b) { return gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num); }
+
+// Asks the host agent's probe engine to probe the peer from every shadow's
+// UDP source port (clocksync source paths). Without a probe engine the
+// bundle works all the same; one line says why it is not probed.
+void register_probe_paths(Bundle* b) {
+  std::string sock = agent::socket_path(), peer_ip, local_ip, err;
+  if (sock.empty() || !gid_v4(b->rgid, &peer_ip) || !gid_v4(b->lgid, &local_ip)) return;
+  json sports = json::array();
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead || !b->active.load()) return;
+    for (const auto& p : b->paths) sports.push_back(0xC000 | p.flow_label);
+  }
+  auto r = peer::request(sock,
+                         {{"cmd", "bundle-paths"}, {"peer", peer_ip}, {"local", local_ip}, {"sports", sports},
+                          {"key", probe_key(b)}},
+                         2000, &err);
+  if (!r || !r->value("ok", false)) {
+    log::once(LogLevel::info, "bundle-probes",
+              "verbs bundles: shadow paths are not probed: " + (r ? r->value("error", r->dump()) : err));
+    return;
+  }
+  std::lock_guard g(b->mu);
+  b->probed = true;
+}
+
+void drop_probe_paths(Bundle* b) {
+  std::string sock = agent::socket_path(), err;
+  if (!sock.empty()) peer::request(sock, {{"cmd", "bundle-paths-drop"}, {"key", probe_key(b)}}, 2000, &err);
+}
+
 std::string dir_path() { return peer::run_dir(config().str(Param::run_dir)); }
 
 // Makes this process reachable for its bundles and lists the QP in the
@@ -338,10 +383,7 @@ void run_setup(Bundle* b) {
     if (b->dead) return;
     for (int i = 0; i < n; i++)
       if (!create_shadow(b, i, &err)) break;
-    if (b->paths.empty()) {
-      b->state = "primary-only";
-      goto failed;
-    }
+    if (b->paths.empty()) goto failed;
     if (static_cast<int>(b->paths.size()) < n)
       log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
     set_state(b, "asking the peer");
@@ -387,7 +429,10 @@ void run_setup(Bundle* b) {
       goto failed;
     }
     if (!read_paths(b, *reply, &err)) goto failed;
-    b->paths.resize((*reply)["paths"].size());
+    while (b->paths.size() > (*reply)["paths"].size()) {  // the peer made fewer: ours beyond are not needed
+      ibv_destroy_qp(b->paths.back().qp);
+      b->paths.pop_back();
+    }
     for (auto& p : b->paths)
       if (!connect_shadow(b, p, &err)) goto failed;
     track_shadows(b);
@@ -400,6 +445,8 @@ void run_setup(Bundle* b) {
       goto failed;
     }
     activate(b);
+    g.unlock();
+    register_probe_paths(b);
     return;
   }
 failed : {
@@ -468,9 +515,12 @@ json answer_join(const json& req) {
 json answer_activate(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b) return {{"error", "no such QP"}};
-  std::lock_guard g(b->mu);
-  if (b->paths.empty()) return {{"error", "no shadows"}};
-  activate(b);
+  {
+    std::lock_guard g(b->mu);
+    if (b->paths.empty()) return {{"error", "no shadows"}};
+    activate(b);
+  }
+  register_probe_paths(b);
   return {{"ok", true}};
 }
 
@@ -660,14 +710,19 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
 void bundle_on_destroy(QpRecord* r) {
   Bundle* b = r ? r->bundle.load() : nullptr;
   if (!b) return;
-  std::lock_guard g(b->mu);
-  b->dead = true;
-  std::lock_guard l(b->lk);
-  b->active.store(false);
-  destroy_shadows(b, true);
-  b->held.clear();
-  if (!b->dir_file.empty()) unlink(b->dir_file.c_str());
-  b->state += " (destroyed)";
+  bool probed;
+  {
+    std::lock_guard g(b->mu);
+    b->dead = true;
+    std::lock_guard l(b->lk);
+    b->active.store(false);
+    destroy_shadows(b, true);
+    b->held.clear();
+    if (!b->dir_file.empty()) unlink(b->dir_file.c_str());
+    b->state += " (destroyed)";
+    probed = b->probed;
+  }
+  if (probed) drop_probe_paths(b);
 }
 
 bool bundle_active(const Bundle* b) { return b->active.load(std::memory_order_acquire); }

@@ -6,9 +6,6 @@
 # ib_write_bw, ib_send_bw, shunt-bench verbs all-to-all with -c 1).
 . "$(dirname "$0")/lib.sh"
 need_guests
-B=${BUILD:-$ROOT/build}
-case $B in /*) ;; *) B=$ROOT/$B ;; esac
-LIB=$B/lib/libshunt.so
 [ -f "$LIB" ] || fail "no $LIB (make)"
 up --hosts 2 --rails 2 --spines 2
 gid=$(fab gid h1 rxe0) || fail "no IPv4 GID"

@@ -15,9 +15,6 @@
 # - a 4-host all-to-all (-c 1) is correct with every QP bundled.
 . "$(dirname "$0")/lib.sh"
 need_guests
-B=${BUILD:-$ROOT/build}
-case $B in /*) ;; *) B=$ROOT/$B ;; esac
-LIB=$B/lib/libshunt.so
 BENCH=$B/bin/shunt-bench
 [ -f "$LIB" ] || fail "no $LIB (make)"
 up --hosts 4 --rails 1 --spines 2
@@ -155,6 +152,31 @@ state=$(py plain-cli 'print(rc[0]["bundle"]["state"])')
 echo "state: $state"
 case $state in "primary-only: no shim answers at $dst"*) ;; *) fail "want primary-only (no shim), got: $state" ;; esac
 grep -q "bundle stays primary-only" "$TMP/cli.out" || fail "no log line says why"
+
+note "shadow creation refused: fewer paths, or none, and the program works"
+# limit LIMIT_CLI LIMIT_SRV WANT: ib_write_bw with shadow creation failing
+# once LIMIT shadows exist; WANT: the client's bundle paths (0: primary-only)
+limit() {
+  run "lim-srv" h2 SHUNT_TEST_SHADOW_LIMIT="$2" ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
+  local srv=$!
+  wait_port h2 18515
+  run "lim-cli" h1 SHUNT_TEST_SHADOW_LIMIT="$1" ib_write_bw -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
+    { cat "$TMP/cli.out"; fail "ib_write_bw with shadow creation failing"; }
+  wait $srv || { cat "$TMP/srv.out"; fail "server with shadow creation failing"; }
+  grep -qE "^ 65536 +1500 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+  stats h1 lim-cli
+  local got
+  got=$(py lim-cli 'b=rc[0]["bundle"]; print(len(b["paths"]), b["state"])')
+  echo "limits $1/$2: $got"
+  case $3 in
+    0) [[ $got == "0 primary-only: ibv_create_qp: injected failure"* ]] || fail "want primary-only, got: $got" ;;
+    *) [[ $got == "$3 active"* ]] || fail "want $3 active paths, got: $got"
+       [ "$(py lim-cli 'print(len([q for q in d["verbs"]["qps"] if "shadow_of" in q]))')" = "$3" ] ||
+         fail "shadows left over beyond the $3 the peer made" ;;
+  esac
+}
+limit 0 -1 0
+limit -1 2 2
 
 note "no job key: no bundle at all (nothing to authenticate the peer with)"
 nokey() {

@@ -3,12 +3,16 @@
 set -u
 ROOT=${SHUNT_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 FABRIC=$ROOT/tools/shunt-fabric
+B=${BUILD:-build}
+case $B in /*) ;; *) B=$ROOT/$B ;; esac
+LIB=$B/lib/libshunt.so
 NAME=t$$
 TMP=$(mktemp -d)
 
 skip() { echo "$*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 note() { echo "--- $*"; }
+jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 fab() { "$FABRIC" --name "$NAME" "$@"; }
 
 cleanup() {

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# timeout: 400
+# Probes that follow a bundle's paths: on a fabric whose routers hash on
+# addresses and source port only (shunt-fabric --ecmp-hash sport), each
+# shadow QP's UDP source port is also probed by the host agent's probe
+# engine (a clocksync source path), so its liveness and one-way delay are
+# those of the shadow's own path. Checked: every shadow port of both ends
+# has a live source path in `shuntctl peers`, and on the spines every
+# shadow's (address, source port) was seen probing on the spine that
+# carried its RoCE packets and on no other.
+. "$(dirname "$0")/lib.sh"
+need_guests
+BENCH=$B/bin/shunt-bench
+command -v nft >/dev/null || skip "no nft"
+up --hosts 2 --rails 1 --spines 2 --ecmp-hash sport
+KEY=probes-$$
+a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
+for s in s1 s2; do
+  ip netns exec "sf-$NAME-$s" nft -f - <<'EOF' || fail "nft on $s"
+table ip sportseen {
+  set roce { type ipv4_addr . inet_service; flags dynamic; }
+  set probe { type ipv4_addr . inet_service; flags dynamic; }
+  chain forward {
+    type filter hook forward priority 0;
+    udp dport 4791 add @roce { ip saddr . udp sport }
+    udp dport 7471 add @probe { ip saddr . udp sport }
+  }
+}
+EOF
+done
+
+# rank R on host H (address A)
+rank() {
+  fab exec "$2" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=4 \
+    SHUNT_PROBE_ADDRS="$3" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_LOG_LEVEL=info SHUNT_STATS_FILE="/tmp/p$1.json" \
+    "$BENCH" --rank "$1" --world 2 --bootstrap "$a1:29911" --transport verbs -d rxe0 --verb write_imm \
+    -b 1M -e 1M --duration 25 -w 1 -c 1 --seg 256K > "$TMP/rank$1.out" 2>&1
+}
+rank 1 h2 "$a2" &
+r1=$!
+rank 0 h1 "$a1" &
+r0=$!
+# while the job runs: both agents' views of their source paths
+sleep 20
+for h in h1 h2; do
+  fab exec $h -- "$B/bin/shuntctl" peers --json > "$TMP/peers-$h.json" || fail "shuntctl peers on $h"
+done
+wait $r0 || { cat "$TMP/rank0.out"; fail "rank 0 failed"; }
+wait $r1 || { cat "$TMP/rank1.out"; fail "rank 1 failed"; }
+grep -q "bundle active with 4 shadow paths" "$TMP/rank0.out" || { cat "$TMP/rank0.out"; fail "no bundle"; }
+
+for h in h1 h2; do
+  r=$([ $h = h1 ] && echo 0 || echo 1)
+  fab exec $h -- cat /tmp/p$r.json > "$TMP/p$r.json"
+  sports=$(jget "$TMP/p$r.json" '" ".join(str(p["udp_sport"]) for q in d["verbs"]["qps"] if "bundle" in q for p in q["bundle"]["paths"])')
+  echo "$h shadow ports: $sports"
+  [ -n "$sports" ] || fail "$h: no shadow ports"
+  for p in $sports; do
+    alive=$(jget "$TMP/peers-$h.json" "[sp['alive'] for pr in d['peers'] for sp in pr['source_paths'] if sp['port'] == $p and not sp['reflected']]")
+    echo "  $h source path from port $p: alive $alive"
+    [ "$alive" = "[True]" ] || fail "$h: source path from port $p not alive: $alive"
+  done
+  a=$([ $h = h1 ] && echo "$a1" || echo "$a2")
+  for p in $sports; do echo "$a:$p" >> "$TMP/all-sports"; done
+done
+
+seen() {  # SPINE SET -> the ADDR:PORT pairs in that set
+  ip netns exec "sf-$NAME-$1" nft -j list set ip sportseen "$2" | python3 -c '
+import json, sys
+for x in json.load(sys.stdin)["nftables"]:
+    for e in x.get("set", {}).get("elem", []):
+        a, p = e["concat"]
+        print("%s:%s" % (a, p), end=" ")'
+}
+declare -A roce probe
+for s in s1 s2; do roce[$s]=" $(seen $s roce) "; probe[$s]=" $(seen $s probe) "; done
+checked=0
+for p in $(cat "$TMP/all-sports"); do
+  where_roce="" where_probe=""
+  for s in s1 s2; do
+    [[ ${roce[$s]} == *" $p "* ]] && where_roce+="$s"
+    [[ ${probe[$s]} == *" $p "* ]] && where_probe+="$s"
+  done
+  echo "$p: RoCE via ${where_roce:-none}, probes via ${where_probe:-none}"
+  [ -z "$where_roce" ] && continue  # a shadow that carried nothing yet
+  [ "$where_roce" = "$where_probe" ] || fail "$p: RoCE via $where_roce but probes via ${where_probe:-none}"
+  checked=$((checked + 1))
+done
+[ $checked -ge 2 ] || fail "only $checked shadow ports carried RoCE traffic"
+echo "ok: $checked shadow paths, each probed along its own spine"
