@@ -26,8 +26,11 @@ for i in 1 2 3 4; do cs_bottleneck $i 0 200mbit; done
 cs_cross 1 3 0 300M 2 "$DUR" 5201
 cs_cross 2 4 0 300M 3 "$DUR" 5202
 
+# chronyd and chronyc: installed, else the copy `make bench` unpacked
+CHRONYD=$(command -v chronyd || echo "${BUILD:-build}/chrony/usr/sbin/chronyd")
+CHRONYC=$(command -v chronyc || echo "${BUILD:-build}/chrony/usr/bin/chronyc")
 CHRONY=none
-if command -v chronyd >/dev/null && command -v chronyc >/dev/null; then
+if [ -x "$CHRONYD" ] && [ -x "$CHRONYC" ]; then
   mkdir -p "$OUT/cs" "$OUT/cc"
   cat > "$OUT/cs/conf" <<EOC
 local stratum 8
@@ -45,9 +48,9 @@ cmdport 0
 logdir $OUT/cc
 log statistics measurements
 EOC
-  ip netns exec "$(cs_ns h1)" chronyd -x -d -u root -f "$OUT/cs/conf" >"$OUT/cs/log" 2>&1 &
+  ip netns exec "$(cs_ns h1)" "$CHRONYD" -x -d -u root -f "$OUT/cs/conf" >"$OUT/cs/log" 2>&1 &
   CS_PIDS+=($!)
-  ip netns exec "$(cs_ns h3)" chronyd -x -d -u root -f "$OUT/cc/conf" >"$OUT/cc/log" 2>&1 &
+  ip netns exec "$(cs_ns h3)" "$CHRONYD" -x -d -u root -f "$OUT/cc/conf" >"$OUT/cc/log" 2>&1 &
   CS_PIDS+=($!)
   CHRONY=$OUT/cc
 fi
@@ -69,6 +72,6 @@ for i in $(seq 1 $HOSTS); do
 done
 for p in "${PP[@]}"; do wait "$p"; done
 if [ "$CHRONY" != none ]; then
-  chronyc -h "$OUT/cc/sock" -n sourcestats > "$OUT/cc/sourcestats.txt" 2>&1 || true
+  "$CHRONYC" -h "$OUT/cc/sock" -n sourcestats > "$OUT/cc/sourcestats.txt" 2>&1 || true
 fi
 python3 bench/clocksync_report.py --holdover-at "$HOLD" --chrony "$CHRONY" "$OUT"/h*.json
