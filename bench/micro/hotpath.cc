@@ -49,16 +49,21 @@ struct Device {
   }
 };
 
-void post_send(benchmark::State& st, shunt::Mode mode, bool bypass) {
-  auto d = std::make_unique<Device>(mode);
-  if (bypass) shunt::verbs::unpatch_context(&d->vctx.context);
+// Posts one 4 KiB WR of `op` per iteration on the application's QP.
+void post_loop(benchmark::State& st, Device& d, ibv_wr_opcode op) {
   ibv_sge sge{0x1000, 4096, 1};
   ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.opcode = op;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_send_wr* bad = nullptr;
-  for (auto _ : st) benchmark::DoNotOptimize(ibv_post_send(&d->qp, &wr, &bad));
+  for (auto _ : st) benchmark::DoNotOptimize(ibv_post_send(&d.qp, &wr, &bad));
+}
+
+void post_send(benchmark::State& st, shunt::Mode mode, bool bypass) {
+  auto d = std::make_unique<Device>(mode);
+  if (bypass) shunt::verbs::unpatch_context(&d->vctx.context);
+  post_loop(st, *d, IBV_WR_RDMA_WRITE_WITH_IMM);
 }
 
 // Active mode with a bundle: the WRITE goes to a shadow QP (one path, the
@@ -70,13 +75,7 @@ void post_send_bundle(benchmark::State& st) {
   shadow.qp_num = 78;
   shadow.qp_type = IBV_QPT_RC;
   shunt::verbs::bundle_attach_for_test(shunt::verbs::find_qp(&d->qp), {&shadow});
-  ibv_sge sge{0x1000, 4096, 1};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_send_wr* bad = nullptr;
-  for (auto _ : st) benchmark::DoNotOptimize(ibv_post_send(&d->qp, &wr, &bad));
+  post_loop(st, *d, IBV_WR_RDMA_WRITE);
   shunt::verbs::bundle_detach_for_test(shunt::verbs::find_qp(&d->qp));
 }
 

@@ -23,13 +23,7 @@ expect() { [ "$1" = "$2" ] || fail "$3: got $1, expected $2"; echo "ok: $3 = $2"
 # pingpong NAME EXTRA-ARGS: 200 round trips of 4096 bytes h1 <-> h2 on rail 0
 pingpong() {
   local name=$1; shift
-  run "$name-srv" h2 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" > "$TMP/srv.out" 2>&1 &
-  local srv=$!
-  wait_port h2 18515
-  run "$name-cli" h1 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" "$dst" > "$TMP/cli.out" 2>&1 ||
-    fail "ibv_rc_pingpong $* failed under the preload: $(cat "$TMP/cli.out")"
-  wait $srv || fail "server failed: $(cat "$TMP/srv.out")"
-  grep -q "1638400 bytes in" "$TMP/cli.out" || fail "unexpected output: $(cat "$TMP/cli.out")"
+  pingpong_pair "$name" "$@"
   stats h1 "$name-cli"
   stats h2 "$name-srv"
   for side in cli srv; do

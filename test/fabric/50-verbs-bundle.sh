@@ -96,13 +96,7 @@ done
 
 pingpong() {
   local name=$1; shift
-  run "$name-srv" h2 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" > "$TMP/srv.out" 2>&1 &
-  local srv=$!
-  wait_port h2 18515
-  run "$name-cli" h1 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" "$dst" > "$TMP/cli.out" 2>&1 ||
-    { cat "$TMP/cli.out"; fail "ibv_rc_pingpong $* failed under active shunt"; }
-  wait $srv || { cat "$TMP/srv.out"; fail "ibv_rc_pingpong server failed"; }
-  grep -q "1638400 bytes in" "$TMP/cli.out" || fail "unexpected output: $(cat "$TMP/cli.out")"
+  pingpong_pair "$name" "$@"
   stats h1 "$name-cli"
   [ "$(py "$name-cli" 'print(rc[0]["recv_completions"])')" = 200 ] || fail "receives miscounted"
 }

@@ -71,3 +71,18 @@ wait_port() {
 
 # bw_avg FILE: BW average (MB/s) from ib_write_bw output
 bw_avg() { awk '$1 ~ /^[0-9]+$/ && NF >= 5 { v = $4 } END { print v + 0 }' "$1"; }
+
+# pingpong_pair NAME ARGS...: ibv_rc_pingpong, 200 round trips of 4096
+# bytes, h2 serving and h1 connecting to $dst with GID index $gid, each
+# started through the calling test's own run(); fails unless both finished
+# and the client reports every byte.
+pingpong_pair() {
+  local name=$1; shift
+  run "$name-srv" h2 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" > "$TMP/srv.out" 2>&1 &
+  local srv=$!
+  wait_port h2 18515
+  run "$name-cli" h1 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" "$dst" > "$TMP/cli.out" 2>&1 ||
+    { cat "$TMP/cli.out"; fail "ibv_rc_pingpong $* failed"; }
+  wait $srv || { cat "$TMP/srv.out"; fail "ibv_rc_pingpong server failed"; }
+  grep -q "1638400 bytes in" "$TMP/cli.out" || fail "unexpected output: $(cat "$TMP/cli.out")"
+}
