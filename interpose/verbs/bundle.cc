@@ -44,7 +44,17 @@ struct Path {
   std::deque<std::pair<uint64_t, uint8_t>> signaled;
   bool last_signaled = true;
   uint64_t wrs = 0, bytes = 0;
+  // Flowlet timing: from the first WR after a drain to the next drain.
+  int64_t flow_start_ns = 0;
+  uint64_t flow_bytes = 0;
+  double ns_per_byte = 0;  // EWMA over the path's flowlets; 0: not measured yet
 };
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 // The data path's lock: held for a few dozen instructions, never across a
 // call that can block; one locked instruction when uncontended.
@@ -90,6 +100,7 @@ struct Bundle {
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   std::vector<Path> paths;
   int cur = 0, last = kPrimary;
+  uint32_t picks = 0;
   std::deque<HeldWr> held;
   uint64_t fences = 0, held_total = 0, to_primary = 0;
 };
@@ -559,8 +570,10 @@ int post_on(Bundle* b, ContextRecord* c, int target, ibv_send_wr* w) {
     return rc;
   }
   Path& p = b->paths[target];
+  bool starts = p.posted == p.done;
   int rc = c->orig.post_send(p.qp, post, &bad);
   if (rc) return rc;
+  if (starts) p.flow_start_ns = now_ns(), p.flow_bytes = 0;
   p.posted++;
   if (sig) p.signaled.emplace_back(p.posted, kApp);
   p.last_signaled = sig;
@@ -568,6 +581,7 @@ int post_on(Bundle* b, ContextRecord* c, int target, ibv_send_wr* w) {
   uint64_t len = 0;
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
   p.bytes += len;
+  p.flow_bytes += len;
   if (p.rec) {  // the path's own counters, as for any QP (the shared shard)
     bump_locked(p.rec->s.hot[kShards].send_wrs[static_cast<unsigned>(w->opcode) & (kWrOpcodes - 1)], 1);
     bump_locked(p.rec->s.hot[kShards].send_bytes, len);
@@ -608,14 +622,26 @@ void hold(Bundle* b, const ibv_send_wr* w) {
   b->held_total++;
 }
 
+// At a drain point: the path whose flowlets drained fastest per byte
+// lately (an unmeasured one first), so paths through a congested spine get
+// less; every fourth pick goes round robin, to keep every estimate fresh.
+int next_flowlet_path(Bundle* b) {
+  int n = static_cast<int>(b->paths.size());
+  int from = b->last == kPrimary ? b->cur : b->last;
+  if (b->picks++ % 4 == 3) return (from + 1) % n;
+  int best = (from + 1) % n;
+  for (int k = 1; k <= n; k++) {
+    int i = (from + k) % n;
+    if (b->paths[i].ns_per_byte < b->paths[best].ns_per_byte) best = i;
+  }
+  return best;
+}
+
 // Where w goes; kPrimary or a path. -2: it must wait for a fence.
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
   int target = kPrimary;
   if (!two_sided(w->opcode)) {
-    if (b->flowlet && (b->last == kPrimary || drained(b->paths[b->last]))) {  // a drain point
-      int n = static_cast<int>(b->paths.size());
-      b->cur = (b->last == kPrimary ? b->cur + 1 : b->last + 1) % n;
-    }
+    if (b->flowlet && (b->last == kPrimary || drained(b->paths[b->last]))) b->cur = next_flowlet_path(b);
     target = b->cur;
   }
   if (target != b->last && b->last != kPrimary && !drained(b->paths[b->last])) {
@@ -768,6 +794,11 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           kind = p.signaled.front().second;
           p.done = p.signaled.front().first;
           p.signaled.pop_front();
+          if (drained(p) && p.flow_bytes > 0) {  // a flowlet ended: how fast did it drain?
+            double x = static_cast<double>(now_ns() - p.flow_start_ns) / static_cast<double>(p.flow_bytes);
+            p.ns_per_byte = p.ns_per_byte > 0 ? 0.75 * p.ns_per_byte + 0.25 * x : x;
+            p.flow_bytes = 0;
+          }
         }
       }
       if (!b->held.empty() && touched != b) {
@@ -800,6 +831,7 @@ json bundle_json(const QpRecord& r) {
   json paths = json::array();
   for (const auto& p : b->paths)
     paths.push_back({{"qpn", p.qpn},
+                     {"ns_per_byte", p.ns_per_byte},
                      {"remote_qpn", p.remote_qpn},
                      {"udp_sport", 0xC000 | p.flow_label},
                      {"wrs", p.wrs},

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -193,4 +196,34 @@ TEST(Bundle, CompletionsOfOtherQpsPassUntouchedInOneBatch) {
   EXPECT_EQ(wc[1].wr_id, 5u);
   EXPECT_EQ(g_posted.back().wr_id, 2u);  // the held SEND went out
   EXPECT_EQ(g_posted.back().qpn, 500u);
+}
+
+TEST(Bundle, FlowletAvoidsAPathWhoseFlowletsDrainSlowly) {
+  Rig r;
+  char buf[4096];
+  // One flowlet per shadow: the first drains slowly, the others at once.
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf, sizeof buf), 0);
+  uint32_t slow = g_posted.back().qpn;
+  usleep(50000);
+  complete(slow, 1);
+  ASSERT_EQ(r.poll().size(), 1u);
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 2 + i, buf, sizeof buf), 0);
+    EXPECT_NE(g_posted.back().qpn, slow);  // unmeasured paths go first
+    complete(g_posted.back().qpn, 2 + i);
+    ASSERT_EQ(r.poll().size(), 1u);
+  }
+  int on_slow = 0;
+  for (int i = 0; i < 12; i++) {
+    ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 10 + i, buf, sizeof buf), 0);
+    on_slow += g_posted.back().qpn == slow;
+    complete(g_posted.back().qpn, 10 + i);
+    ASSERT_EQ(r.poll().size(), 1u);
+  }
+  // Only the every-fourth round-robin picks may land there.
+  EXPECT_LE(on_slow, 3);
+  auto j = bundle_json(*r.rec);
+  double slowest = 0;
+  for (const auto& p : j["paths"]) slowest = std::max(slowest, p["ns_per_byte"].get<double>());
+  EXPECT_GT(slowest, 0);
 }
