@@ -18,14 +18,19 @@ h=\$1; shift
 exec ip netns exec sf-$SF-\$h sh -c "\$*"
 AGENT
 chmod +x "$TMP/agent.sh"
+# routed direct and no shared-memory topology (rtc_hwloc_vmhole none): with
+# the defaults, Open MPI 4.1's daemons fail to start about one run in ten
+# here, without shunt as with it (a route to the daemon "not known", or
+# orted crashing in hwloc_shmem_topology_write at an address next to the
+# stack).
 mpi() {
   ip netns exec "$(sock_ns h1)" env "$@" mpirun --allow-run-as-root -np 2 -H h1,h2 \
     --mca plm_rsh_agent "$TMP/agent.sh" --mca btl tcp,self --mca btl_tcp_if_include r0,r1 \
-    --mca oob_tcp_if_include r0 -x LD_PRELOAD -x SHUNT_RUN_DIR -x SHUNT_STATS_FILE "$TMP/a2a" 40
+    --mca oob_tcp_if_include r0 --mca routed direct --mca rtc_hwloc_vmhole none -x LD_PRELOAD -x SHUNT_RUN_DIR -x SHUNT_STATS_FILE "$TMP/a2a" 40
 }
 mpi LD_PRELOAD= SHUNT_RUN_DIR= SHUNT_STATS_FILE= > "$TMP/mpi-plain.txt" 2>&1 || fail "MPI fails without shunt: $(tail -n 15 "$TMP/mpi-plain.txt")"
 mpi LD_PRELOAD="$LIB" SHUNT_RUN_DIR="$TMP/mpirun" SHUNT_STATS_FILE="$TMP/mpi.%p.json" > "$TMP/mpi.txt" 2>&1 \
-  || fail "MPI fails under shunt: $(tail -n 3 "$TMP/mpi.txt")"
+  || fail "MPI fails under shunt: $(tail -n 25 "$TMP/mpi.txt")"
 expect_eq "$(grep -c 'alltoalls verified' "$TMP/mpi.txt")" 2 "MPI ranks verified under shunt"
 up=$(cat "$TMP"/mpi.*.json | python3 -c '
 import json, sys
