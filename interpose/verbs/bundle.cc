@@ -12,6 +12,7 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "interpose/core/log.h"
@@ -125,15 +126,11 @@ bool gid_v4(const ibv_gid& g, std::string* ip) {
   return true;
 }
 
-void set_state(Bundle* b, const std::string& s) {  // under b->mu
-  b->state = s;
-}
-
 // Stays primary-only: one log line and one event say why.
 void fall_back(Bundle* b, const std::string& why) {
   {
     std::lock_guard g(b->mu);
-    set_state(b, "primary-only: " + why);
+    b->state = "primary-only: " + why;
   }
   log::warn("{} QP {}: bundle stays primary-only: {}", b->ctx->device, b->pqp->qp_num, why);
   telemetry::event("bundle_fallback",
@@ -269,21 +266,27 @@ json paths_json(const Bundle* b) {
   return out;
 }
 
+// The peer's halves, (QPN, PSN) per path, from a join request or reply;
+// false when the list is missing, empty, longer than `max` or malformed.
+bool parse_paths(const json& ps, size_t max, std::vector<std::pair<uint32_t, uint32_t>>* out) {
+  if (!ps.is_array() || ps.empty() || ps.size() > max) return false;
+  out->clear();
+  for (const auto& p : ps) {
+    if (!p.is_object() || !p.value("qpn", json()).is_number_unsigned() ||
+        !p.value("psn", json()).is_number_unsigned())
+      return false;
+    out->emplace_back(p["qpn"].get<uint32_t>() & 0xffffff, p["psn"].get<uint32_t>() & 0xffffff);
+  }
+  return true;
+}
+
 bool read_paths(Bundle* b, const json& reply, std::string* err) {
-  const json& ps = reply.contains("paths") ? reply["paths"] : json();
-  if (!ps.is_array() || ps.empty() || ps.size() > b->paths.size()) {
+  std::vector<std::pair<uint32_t, uint32_t>> remote;
+  if (!parse_paths(reply.contains("paths") ? reply["paths"] : json(), b->paths.size(), &remote)) {
     *err = "the peer's shim sent no usable paths";
     return false;
   }
-  for (size_t i = 0; i < ps.size(); i++) {
-    if (!ps[i].is_object() || !ps[i].value("qpn", json()).is_number_unsigned() ||
-        !ps[i].value("psn", json()).is_number_unsigned()) {
-      *err = "malformed path from the peer's shim";
-      return false;
-    }
-    b->paths[i].remote_qpn = ps[i]["qpn"].get<uint32_t>() & 0xffffff;
-    b->paths[i].remote_psn = ps[i]["psn"].get<uint32_t>() & 0xffffff;
-  }
+  for (size_t i = 0; i < remote.size(); i++) std::tie(b->paths[i].remote_qpn, b->paths[i].remote_psn) = remote[i];
   return true;
 }
 
@@ -295,7 +298,7 @@ void activate(Bundle* b) {
     b->flowlet = config().num(Param::spread) == 1;
     b->active.store(true, std::memory_order_release);
   }
-  set_state(b, "active");
+  b->state = "active";
   log::info("{} QP {}: bundle active with {} shadow paths", b->ctx->device, b->pqp->qp_num, b->paths.size());
   std::string ports;
   for (const auto& p : b->paths) ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
@@ -336,8 +339,6 @@ void drop_probe_paths(Bundle* b) {
   std::string sock = agent::socket_path(), err;
   if (!sock.empty()) peer::request(sock, {{"cmd", "bundle-paths-drop"}, {"key", probe_key(b)}}, 2000, &err);
 }
-
-std::string dir_path() { return peer::run_dir(config().str(Param::run_dir)); }
 
 // Makes this process reachable for its bundles and lists the QP in the
 // host's directory, so the peer's shim can find its owner.
@@ -397,7 +398,7 @@ void run_setup(Bundle* b) {
     if (b->paths.empty()) goto failed;
     if (static_cast<int>(b->paths.size()) < n)
       log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
-    set_state(b, "asking the peer");
+    b->state = "asking the peer";
   }
   {
     int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
@@ -489,37 +490,31 @@ json answer_join(const json& req) {
   if (gid_hex(b->rgid) != req.value("peer_gid", "") || b->rqpn != req.value("peer_qpn", 0u))
     return {{"error", "that QP is connected to another peer"}};
   if (b->active.load() || !b->paths.empty()) return {{"error", "bundle already set up"}};
-  const json& ps = req.value("paths", json::array());
-  if (!ps.is_array() || ps.empty()) return {{"error", "no paths"}};
-  int n = std::min<int>(static_cast<int>(ps.size()), static_cast<int>(config().num(Param::paths_per_rail)));
+  std::vector<std::pair<uint32_t, uint32_t>> remote;
+  if (!parse_paths(req.value("paths", json::array()), 64, &remote)) return {{"error", "no paths, or a malformed one"}};
+  int n = std::min<int>(static_cast<int>(remote.size()), static_cast<int>(config().num(Param::paths_per_rail)));
   std::string err;
   for (int i = 0; i < n; i++)
     if (!create_shadow(b, i, &err)) break;
   if (b->paths.empty()) {
-    set_state(b, "primary-only: " + err);
+    b->state = "primary-only: " + err;
     return {{"error", err}};
   }
   json mine = json::array();
   for (size_t i = 0; i < b->paths.size(); i++) {
     Path& p = b->paths[i];
-    if (!ps[i].is_object() || !ps[i].value("qpn", json()).is_number_unsigned() ||
-        !ps[i].value("psn", json()).is_number_unsigned()) {
-      err = "malformed path";
-      break;
-    }
-    p.remote_qpn = ps[i]["qpn"].get<uint32_t>() & 0xffffff;
-    p.remote_psn = ps[i]["psn"].get<uint32_t>() & 0xffffff;
+    std::tie(p.remote_qpn, p.remote_psn) = remote[i];
     if (!connect_shadow(b, p, &err)) break;
     mine.push_back({{"qpn", p.qpn}, {"psn", p.psn}});
   }
   if (mine.size() != b->paths.size()) {
     std::lock_guard l(b->lk);
     destroy_shadows(b, false);
-    set_state(b, "primary-only: " + err);
+    b->state = "primary-only: " + err;
     return {{"error", err}};
   }
   track_shadows(b);
-  set_state(b, "joined, waiting for activation");
+  b->state = "joined, waiting for activation";
   return {{"paths", mine}};
 }
 
@@ -891,7 +886,7 @@ void bundle_detach_for_test(QpRecord* r) {
 }
 
 std::string bundle_dir() {
-  std::string d = dir_path();
+  std::string d = peer::run_dir(config().str(Param::run_dir));
   return d.empty() ? d : d + "/bundles";
 }
 
