@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -30,8 +31,106 @@ std::atomic<int> g_shadow_qps{0};
 namespace {
 using nlohmann::json;
 
-constexpr uint8_t kApp = 1, kFence = 2;
+constexpr uint8_t kApp = 1, kFence = 2, kProbe = 3;
 constexpr int kPrimary = -1;
+
+// A FIFO that reuses its slots (and what they allocated): the data path
+// keeps a copy of every WR in flight without allocating in steady state.
+template <class T>
+class Ring {
+ public:
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T& operator[](size_t i) { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  const T& operator[](size_t i) const { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  T& front() { return (*this)[0]; }
+  T& push() {
+    if (n_ == buf_.size()) grow();
+    return buf_[(head_ + n_++) & (buf_.size() - 1)];
+  }
+  T& push_front() {
+    if (n_ == buf_.size()) grow();
+    head_ = (head_ + buf_.size() - 1) & (buf_.size() - 1);
+    n_++;
+    return buf_[head_];
+  }
+  void pop_front() {
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    n_--;
+  }
+  void pop_back() { n_--; }
+  void clear() { head_ = n_ = 0; }
+
+ private:
+  void grow() {
+    std::vector<T> nb(buf_.empty() ? 16 : buf_.size() * 2);
+    for (size_t i = 0; i < n_; i++) nb[i] = std::move((*this)[i]);
+    buf_.swap(nb);
+    head_ = 0;
+  }
+  std::vector<T> buf_;
+  size_t head_ = 0, n_ = 0;
+};
+
+// A WR as shunt keeps it: held behind a fence, or in flight on a path
+// until a completion proves it done (the failover replays it otherwise).
+struct Copy {
+  ibv_send_wr wr{};
+  ibv_sge sge[4]{};
+  std::vector<ibv_sge> more;
+  std::vector<char> inl;
+  uint64_t seq = 0;   // the path's WR number
+  uint64_t cseq = 0;  // the message number of a WR that consumes a receive; 0: none (yet)
+  bool posted = false;  // posted once before (a replay keeps its cseq)
+  void take(const ibv_send_wr* w) {
+    wr = *w;
+    wr.next = nullptr;
+    more.clear();
+    inl.clear();
+    if (w->send_flags & IBV_SEND_INLINE) {  // the caller may reuse its buffer now
+      for (int i = 0; i < w->num_sge; i++) {
+        const char* s = reinterpret_cast<const char*>(w->sg_list[i].addr);
+        inl.insert(inl.end(), s, s + w->sg_list[i].length);
+      }
+      sge[0] = {0, static_cast<uint32_t>(inl.size()), 0};
+      wr.num_sge = 1;
+    } else if (w->num_sge <= 4) {
+      for (int i = 0; i < w->num_sge; i++) sge[i] = w->sg_list[i];
+    } else {
+      more.assign(w->sg_list, w->sg_list + w->num_sge);
+    }
+  }
+  ibv_send_wr* get() {
+    if (!inl.empty()) sge[0].addr = reinterpret_cast<uint64_t>(inl.data());
+    wr.sg_list = more.empty() ? sge : more.data();
+    return &wr;
+  }
+};
+
+struct RecvCopy {
+  ibv_recv_wr wr{};
+  ibv_sge sge[4]{};
+  std::vector<ibv_sge> more;
+  void take(const ibv_recv_wr* w) {
+    wr = *w;
+    wr.next = nullptr;
+    if (w->num_sge <= 4) {
+      for (int i = 0; i < w->num_sge; i++) sge[i] = w->sg_list[i];
+    } else {
+      more.assign(w->sg_list, w->sg_list + w->num_sge);
+    }
+  }
+  ibv_recv_wr* get() {
+    wr.sg_list = more.empty() ? sge : more.data();
+    return &wr;
+  }
+};
+
+struct Signaled {
+  uint64_t seq;
+  uint8_t kind;
+  uint64_t wr_id;
+};
 
 struct Path {
   ibv_qp* qp = nullptr;  // null once destroyed (the record stays for the stats)
@@ -42,8 +141,12 @@ struct Path {
   // seq of the last one known complete (a signaled WR completes every
   // earlier one), so the path has drained when done == posted.
   uint64_t posted = 0, done = 0;
-  std::deque<std::pair<uint64_t, uint8_t>> signaled;
+  Ring<Signaled> signaled;
+  Ring<Copy> infl;  // WRs after done, for a replay
   bool last_signaled = true;
+  bool down = false;  // failed: not posted to until renewed; its errors never reach the application
+  bool probation = false;  // renewed: used once its probe completed
+  uint32_t gen = 0;        // renewals (each with a new flow label)
   uint64_t wrs = 0, bytes = 0;
   // Flowlet timing: from the first WR after a drain to the next drain.
   int64_t flow_start_ns = 0;
@@ -71,12 +174,6 @@ class SpinLock {
   std::atomic_flag f_ = ATOMIC_FLAG_INIT;
 };
 
-struct HeldWr {
-  ibv_send_wr wr{};
-  std::vector<ibv_sge> sge;
-  std::vector<char> inline_data;
-};
-
 }  // namespace
 
 struct Bundle {
@@ -95,15 +192,36 @@ struct Bundle {
   ibv_gid lgid{}, rgid{};
   uint32_t rqpn = 0;
   std::string dir_file;
+  int peer_port = 0;  // the peer's process listener, once known
+  std::mutex move_mu;  // one carrier move or path renewal at a time
+  std::mutex wmu;  // the failover worker's wake-ups
+  std::condition_variable wcv;
+  bool wake = false, worker = false;
   // Data path.
   std::atomic<bool> active{false};
+  std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
   SpinLock lk;
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   std::vector<Path> paths;
+  Path prim;  // the application's QP as a path (in flight, completions)
   int cur = 0, last = kPrimary;
   uint32_t picks = 0;
-  std::deque<HeldWr> held;
+  Ring<Copy> held;
   uint64_t fences = 0, held_total = 0, to_primary = 0;
+  // Two-sided traffic: where it goes (the carrier: the application's QP
+  // until it fails, then a shadow agreed with the peer), how many messages
+  // that consume a receive were posted (cseq) and received (consumed),
+  // since the QP was created, and the application's receives not yet
+  // consumed, in order, for a move to another carrier.
+  int carrier = kPrimary;
+  bool moving = false, gave_up = false, need_move = false;
+  uint64_t cseq = 0, consumed = 0;
+  Ring<RecvCopy> recvs;
+  size_t recvs_posted = 0;  // how many of recvs are on the carrier's receive queue
+  int rcarrier = kPrimary;  // where receives go; kNone while they move
+  int pending_from = kPrimary;  // the old carrier of a move the peer prepared
+  // Failover counters.
+  uint64_t failovers = 0, replayed = 0, synthesized = 0, swallowed = 0, moves = 0;
 };
 
 namespace {
@@ -174,9 +292,11 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
   ia.qp_type = IBV_QPT_RC;
   ia.sq_sig_all = 0;
   ia.cap.max_send_wr = init.cap.max_send_wr + 2;  // + a fence
-  ia.cap.max_recv_wr = 1;
+  // A shadow may become the carrier of two-sided traffic (failover): it
+  // takes the application's receives then.
+  ia.cap.max_recv_wr = init.cap.max_recv_wr ? init.cap.max_recv_wr : 1;
   ia.cap.max_send_sge = init.cap.max_send_sge ? init.cap.max_send_sge : 1;
-  ia.cap.max_recv_sge = 1;
+  ia.cap.max_recv_sge = init.cap.max_recv_sge ? init.cap.max_recv_sge : 1;
   ia.cap.max_inline_data = init.cap.max_inline_data;
   ibv_qp* q = ibv_create_qp(b->pqp->pd, &ia);
   if (!q) {
@@ -202,10 +322,22 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
   return q;
 }
 
+// A shadow gives up on a dead path sooner than the application's QP
+// would: about SHUNT_PATH_DEAD_MS over four tries (never longer than the
+// application's own timeout, never rxe's "retry forever").
+void shadow_timeouts(const Bundle* b, ibv_qp_attr* a) {
+  double per_try_us = static_cast<double>(config().num(Param::path_dead_ms)) * 1000.0 / 4.0;
+  int t = 1;
+  while (t < 31 && 4.096 * static_cast<double>(1u << (t + 1)) <= per_try_us * 1.5) t++;
+  a->timeout = b->rts.timeout ? std::min<uint8_t>(b->rts.timeout, static_cast<uint8_t>(t)) : static_cast<uint8_t>(t);
+  a->retry_cnt = std::min<uint8_t>(b->rts.retry_cnt, 3);
+}
+
 bool shadow_to_rts(Bundle* b, Path& p, std::string* err) {
   ibv_qp_attr a = b->rts;
   a.qp_state = IBV_QPS_RTS;
   a.sq_psn = p.psn;
+  shadow_timeouts(b, &a);
   if (ibv_modify_qp(p.qp, &a,
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                         IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
@@ -296,12 +428,16 @@ void activate(Bundle* b) {
     b->cur = 0;
     b->last = kPrimary;
     b->flowlet = config().num(Param::spread) == 1;
+    b->prim.qp = b->pqp;
+    b->prim.qpn = b->pqp->qp_num;
+    b->prim.rec = b->primary;
     b->active.store(true, std::memory_order_release);
   }
   b->state = "active";
-  log::info("{} QP {}: bundle active with {} shadow paths", b->ctx->device, b->pqp->qp_num, b->paths.size());
   std::string ports;
   for (const auto& p : b->paths) ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+  log::info("{} QP {}: bundle active with {} shadow paths (UDP source ports {})", b->ctx->device, b->pqp->qp_num,
+            b->paths.size(), ports);
   telemetry::event("bundle_setup", {{"device", static_cast<const char*>(b->ctx->device)},
                                     {"qpn", b->pqp->qp_num},
                                     {"paths", b->paths.size()},
@@ -456,6 +592,7 @@ void run_setup(Bundle* b) {
       err = "the peer did not activate: " + (ok ? ok->dump() : err);
       goto failed;
     }
+    b->peer_port = port;
     activate(b);
     g.unlock();
     register_probe_paths(b);
@@ -532,6 +669,8 @@ json answer_activate(const json& req) {
 
 // ---------------------------------------------------------------- data path
 
+constexpr int kWait = -2, kNone = -3;
+
 bool two_sided(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE:
@@ -540,7 +679,18 @@ bool two_sided(ibv_wr_opcode op) {
   }
 }
 
+// Consumes a receive at the peer: the peer counts these.
+bool consumes(ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
+         op == IBV_WR_SEND_WITH_INV;
+}
+
+Path& P(Bundle* b, int i) { return i == kPrimary ? b->prim : b->paths[i]; }
 bool drained(const Path& p) { return p.done == p.posted; }
+bool usable(const Path& p) { return !p.down && !p.probation; }
+bool signaled(const Bundle* b, const ibv_send_wr& w) {
+  return (w.send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
+}
 
 // Adds to a counter only this thread writes now (under the bundle's lock):
 // no locked instruction.
@@ -548,8 +698,47 @@ inline void bump_locked(std::atomic<uint64_t>& c, uint64_t n) {
   c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
-int post_on(Bundle* b, ContextRecord* c, int target, ibv_send_wr* w) {
-  bool sig = (w->send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
+// ------------------------------------------------ synthetic completions
+// Completions shunt owes the application (a WR the peer executed on a path
+// that then failed), returned by the next ibv_poll_cq of their CQ.
+std::mutex g_stash_mu;
+std::deque<std::pair<ibv_cq*, ibv_wc>>* g_stash = nullptr;
+
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    default: return IBV_WC_SEND;
+  }
+}
+
+void stash(ibv_cq* cq, const ibv_wc& w) {
+  std::lock_guard g(g_stash_mu);
+  if (!g_stash) g_stash = new std::deque<std::pair<ibv_cq*, ibv_wc>>;
+  g_stash->emplace_back(cq, w);
+  g_stash_n.fetch_add(1);
+}
+
+void owe(Bundle* b, const Copy& cp, ibv_wc_status st) {
+  ibv_wc w{};
+  w.wr_id = cp.wr.wr_id;
+  w.status = st;
+  w.opcode = wc_opcode(cp.wr.opcode);
+  w.qp_num = b->pqp->qp_num;
+  if (cp.wr.opcode == IBV_WR_RDMA_READ)
+    for (int i = 0; i < cp.wr.num_sge; i++)
+      w.byte_len += (cp.more.empty() ? cp.sge[i] : cp.more[i]).length;
+  stash(b->pqp->send_cq, w);
+  b->synthesized++;
+}
+
+// ---------------------------------------------------------------- posting
+
+int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w) {
+  bool sig = signaled(b, *w);
   ibv_send_wr one;
   ibv_send_wr* post = w;
   if (w->next || (sig && !(w->send_flags & IBV_SEND_SIGNALED))) {  // post this WR alone, as asked
@@ -559,62 +748,74 @@ int post_on(Bundle* b, ContextRecord* c, int target, ibv_send_wr* w) {
     post = &one;
   }
   ibv_send_wr* bad = nullptr;
-  if (target == kPrimary) {
-    int rc = c->orig.post_send(b->pqp, post, &bad);
-    if (rc == 0) b->last = kPrimary, b->to_primary++;
-    return rc;
-  }
-  Path& p = b->paths[target];
+  Path& p = P(b, target);
   bool starts = p.posted == p.done;
   int rc = c->orig.post_send(p.qp, post, &bad);
   if (rc) return rc;
-  if (starts) p.flow_start_ns = now_ns(), p.flow_bytes = 0;
-  p.posted++;
-  if (sig) p.signaled.emplace_back(p.posted, kApp);
-  p.last_signaled = sig;
-  p.wrs++;
   uint64_t len = 0;
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
+  const ibv_wr_opcode op = w->opcode;
+  const uint64_t wr_id = w->wr_id;
+  if (starts) p.flow_start_ns = now_ns(), p.flow_bytes = 0;
+  p.posted++;
+  Copy& cp = p.infl.push();
+  if (from) {
+    cp = std::move(*from);  // w pointed into *from: not used below
+  } else {
+    cp.take(w);
+    cp.cseq = 0;
+    cp.posted = false;
+  }
+  cp.seq = p.posted;
+  if (!cp.posted && consumes(op)) cp.cseq = ++b->cseq;
+  cp.posted = true;
+  if (sig) p.signaled.push() = {p.posted, kApp, wr_id};
+  p.last_signaled = sig;
+  b->last = target;
+  if (target == kPrimary) {
+    b->to_primary++;
+    return 0;
+  }
+  p.wrs++;
   p.bytes += len;
   p.flow_bytes += len;
   if (p.rec) {  // the path's own counters, as for any QP (the shared shard)
-    bump_locked(p.rec->s.hot[kShards].send_wrs[static_cast<unsigned>(w->opcode) & (kWrOpcodes - 1)], 1);
+    bump_locked(p.rec->s.hot[kShards].send_wrs[static_cast<unsigned>(op) & (kWrOpcodes - 1)], 1);
     bump_locked(p.rec->s.hot[kShards].send_bytes, len);
   }
-  b->last = target;
   return 0;
 }
 
 // Makes sure the path will report when it drains.
 void fence(Bundle* b, ContextRecord* c, int path) {
-  Path& p = b->paths[path];
-  if (p.last_signaled) return;
+  Path& p = P(b, path);
+  if (p.last_signaled || p.down) return;
   ibv_send_wr f{};
   ibv_send_wr* bad = nullptr;
   f.opcode = IBV_WR_RDMA_WRITE;  // zero bytes: no rkey is checked (C9-88)
   f.send_flags = IBV_SEND_SIGNALED;
   if (c->orig.post_send(p.qp, &f, &bad) != 0) return;
   p.posted++;
-  p.signaled.emplace_back(p.posted, kFence);
+  p.signaled.push() = {p.posted, kFence, 0};
   p.last_signaled = true;
   b->fences++;
 }
 
 void hold(Bundle* b, const ibv_send_wr* w) {
-  HeldWr h;
-  h.wr = *w;
-  h.wr.next = nullptr;
-  if (w->send_flags & IBV_SEND_INLINE) {  // the caller may reuse its buffer now
-    for (int i = 0; i < w->num_sge; i++) {
-      const char* s = reinterpret_cast<const char*>(w->sg_list[i].addr);
-      h.inline_data.insert(h.inline_data.end(), s, s + w->sg_list[i].length);
-    }
-    h.sge.push_back({reinterpret_cast<uint64_t>(h.inline_data.data()), static_cast<uint32_t>(h.inline_data.size()), 0});
-  } else {
-    h.sge.assign(w->sg_list, w->sg_list + w->num_sge);
-  }
-  b->held.push_back(std::move(h));
+  Copy& h = b->held.push();
+  h.take(w);
+  h.cseq = 0;
+  h.posted = false;
   b->held_total++;
+}
+
+int next_live(Bundle* b, int from) {
+  int n = static_cast<int>(b->paths.size());
+  for (int k = 1; k <= n; k++) {
+    int i = ((from % n) + n + k) % n;
+    if (usable(b->paths[i])) return i;
+  }
+  return kNone;
 }
 
 // At a drain point: the path whose flowlets drained fastest per byte
@@ -622,46 +823,667 @@ void hold(Bundle* b, const ibv_send_wr* w) {
 // less; every fourth pick goes round robin, to keep every estimate fresh.
 int next_flowlet_path(Bundle* b) {
   int n = static_cast<int>(b->paths.size());
-  int from = b->last == kPrimary ? b->cur : b->last;
-  if (b->picks++ % 4 == 3) return (from + 1) % n;
-  int best = (from + 1) % n;
+  int from = b->last < 0 ? b->cur : b->last;
+  int best = next_live(b, from);
+  if (best == kNone || b->picks++ % 4 == 3) return best;
   for (int k = 1; k <= n; k++) {
     int i = (from + k) % n;
-    if (b->paths[i].ns_per_byte < b->paths[best].ns_per_byte) best = i;
+    if (usable(b->paths[i]) && b->paths[i].ns_per_byte < b->paths[best].ns_per_byte) best = i;
   }
   return best;
 }
 
-// Where w goes; kPrimary or a path. -2: it must wait for a fence.
+// Where w goes: kPrimary or a path; kWait: it waits (a fence, or a move of
+// the carrier).
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
-  int target = kPrimary;
-  if (!two_sided(w->opcode)) {
-    if (b->flowlet && (b->last == kPrimary || drained(b->paths[b->last]))) b->cur = next_flowlet_path(b);
+  int target;
+  if (two_sided(w->opcode)) {
+    if (b->moving || P(b, b->carrier).down) return kWait;
+    target = b->carrier;
+  } else {
+    if (b->flowlet && (b->last == kPrimary || drained(P(b, b->last)))) b->cur = next_flowlet_path(b);
+    if (b->cur < 0 || !usable(b->paths[b->cur])) b->cur = next_live(b, b->cur < 0 ? 0 : b->cur);
     target = b->cur;
+    if (target == kNone) {  // every shadow failed: the carrier takes it all
+      b->cur = 0;
+      if (b->moving || P(b, b->carrier).down) return kWait;
+      target = b->carrier;
+    }
   }
-  if (target != b->last && b->last != kPrimary && !drained(b->paths[b->last])) {
+  if (target != b->last && b->last != kPrimary && !drained(P(b, b->last))) {
     fence(b, c, b->last);
-    return -2;
+    return kWait;
   }
   return target;
 }
 
 void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
   while (!b->held.empty()) {
-    HeldWr& h = b->held.front();
-    h.wr.sg_list = h.sge.data();
-    h.wr.num_sge = static_cast<int>(h.sge.size());
-    int target = route(b, c, &h.wr);
-    if (target == -2) return;
-    if (int rc = post_on(b, c, target, &h.wr))
+    Copy& h = b->held.front();
+    ibv_send_wr* w = h.get();
+    int target = route(b, c, w);
+    if (target == kWait) return;
+    if (int rc = post_on(b, c, target, &h, w))
       log::error("{} QP {}: a held WR could not be posted ({}); it is lost", c->device, b->pqp->qp_num, strerror(rc));
     b->held.pop_front();
   }
 }
 
+// ---------------------------------------------------------------- failover
+
+// What the poll path decided under the lock, done after it (events,
+// threads: never under the spin lock).
+struct After {
+  std::vector<std::pair<int, int>> down;  // (path, wc status)
+  bool move = false;
+};
+
+// A path's WRs after its last known completion go back to the front of the
+// held queue, in order, and are posted again on live paths. A one-sided WR
+// may have executed already: WRITE and READ are simply executed again, and
+// no WR that the peer can observe has followed it (the fence).
+void replay_local(Bundle* b, int pi) {
+  Path& p = P(b, pi);
+  for (size_t i = p.infl.size(); i-- > 0;) b->held.push_front() = std::move(p.infl[i]);
+  b->replayed += p.infl.size();
+  p.infl.clear();
+  p.signaled.clear();
+  p.done = p.posted;
+  if (b->last == pi) b->last = kPrimary;
+}
+
+// A path failed (an error completion on it). Under b->lk.
+void path_failed(Bundle* b, int pi, int status, After* a) {
+  Path& p = P(b, pi);
+  if (p.down) return;
+  p.down = true;
+  b->failovers++;
+  a->down.emplace_back(pi, status);
+  if (pi == b->carrier && !b->moving) {
+    b->moving = true;  // two-sided work waits for the peer's agreement
+    b->need_move = true;
+    a->move = true;
+  } else if (pi != b->carrier) {
+    replay_local(b, pi);
+  }
+}
+
+std::vector<int> down_list(Bundle* b) {
+  std::lock_guard l(b->lk);
+  std::vector<int> d;
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (b->paths[i].down) d.push_back(static_cast<int>(i));
+  return d;
+}
+
+void mark_down(Bundle* b, ContextRecord* c, const json& list) {
+  if (!list.is_array()) return;
+  std::lock_guard l(b->lk);
+  After a;
+  for (const auto& x : list) {
+    if (!x.is_number_integer()) continue;
+    int i = x.get<int>();
+    if (i < 0 || i >= static_cast<int>(b->paths.size()) || b->paths[i].down || i == b->carrier) continue;
+    path_failed(b, i, -1, &a);
+  }
+  flush_held(b, c);
+}
+
+// Polls the bundle's CQs empty (shunt's own completions and the bookkeeping
+// of every path as usual); what the application must see is kept for its
+// next poll, in order.
+void drain(Bundle* b) {
+  usleep(2000);  // a completion the device was making as the QP changed state
+  drain_cq(b->ctx, b->pqp->send_cq, [&](const ibv_wc& w) { stash(b->pqp->send_cq, w); });
+  if (b->pqp->recv_cq != b->pqp->send_cq) drain_cq(b->ctx, b->pqp->recv_cq, [&](const ibv_wc& w) { stash(b->pqp->recv_cq, w); });
+}
+
+// Stops the carrier: no more two-sided work on it, its QP to the error
+// state, and every completion it made polled. Returns the old carrier.
+int begin_move(Bundle* b) {
+  int from;
+  {
+    std::lock_guard l(b->lk);
+    b->moving = true;
+    from = b->carrier;
+    if (!P(b, from).down) P(b, from).down = true, b->failovers++;
+    b->rcarrier = kNone;
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(P(b, from).qp, &a, IBV_QP_STATE);
+  drain(b);
+  return from;
+}
+
+// The old carrier's receives that were not consumed go to the new carrier,
+// in order. Returns how many messages this side consumed, or -1.
+int64_t move_receives(Bundle* b, int to) {
+  std::lock_guard l(b->lk);
+  Path& t = P(b, to);
+  for (size_t i = 0; i < b->recvs.size(); i++) {
+    ibv_recv_wr* bad = nullptr;
+    if (int rc = b->ctx->orig.post_recv(t.qp, b->recvs[i].get(), &bad)) {
+      log::error("{} QP {}: a receive could not move to path {} ({})", b->ctx->device, b->pqp->qp_num, to, strerror(rc));
+      return -1;
+    }
+  }
+  b->recvs_posted = b->recvs.size();
+  b->rcarrier = to;
+  return static_cast<int64_t>(b->consumed);
+}
+
+// The peer consumed `peer_consumed` messages: the old carrier's WRs up to
+// the last of those executed there (their completions are owed), the rest
+// are posted again on the new carrier, which takes two-sided work from now.
+bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info) {
+  std::lock_guard l(b->lk);
+  Path& o = P(b, from);
+  size_t cut = 0;
+  for (size_t i = 0; i < o.infl.size(); i++)
+    if (o.infl[i].cseq && o.infl[i].cseq <= peer_consumed) cut = i + 1;
+  uint64_t expect = b->cseq > peer_consumed ? b->cseq - peer_consumed : 0, have = 0;
+  for (size_t i = cut; i < o.infl.size(); i++)
+    if (o.infl[i].cseq > peer_consumed) have++;
+  if (have != expect) {
+    *info = {{"error", "messages " + std::to_string(peer_consumed + 1) + ".." + std::to_string(b->cseq) +
+                           " are not all known to shunt (posted before the bundle was active?)"}};
+    return false;
+  }
+  uint64_t owed = 0, atomics = 0;
+  for (size_t i = 0; i < cut; i++)
+    if (signaled(b, o.infl[i].wr)) owe(b, o.infl[i], IBV_WC_SUCCESS), owed++;
+  size_t again = 0;
+  for (size_t i = o.infl.size(); i-- > cut;) {
+    ibv_wr_opcode op = o.infl[i].wr.opcode;
+    if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      // Nothing proves the peer did not execute it: its error, not a replay.
+      owe(b, o.infl[i], IBV_WC_RETRY_EXC_ERR);
+      atomics++;
+      continue;
+    }
+    b->held.push_front() = std::move(o.infl[i]);
+    again++;
+  }
+  if (atomics)
+    log::warn("{} QP {}: {} atomic WRs were in flight on the failed path; they complete with an error (an atomic "
+              "may have executed, so it is never sent again)", b->ctx->device, b->pqp->qp_num, atomics);
+  b->replayed += again;
+  o.infl.clear();
+  o.signaled.clear();
+  o.done = o.posted;
+  if (b->last == from) b->last = kPrimary;
+  b->carrier = to;
+  // The new carrier may have failed while the two sides agreed on it: then
+  // its work waits for the next move.
+  b->moving = b->need_move = P(b, to).down;
+  b->moves++;
+  flush_held(b, b->ctx);
+  if (owed) {  // a real completion wakes an application waiting in event mode
+    P(b, to).last_signaled = false;
+    fence(b, b->ctx, to);
+  }
+  *info = {{"replayed", again}, {"completed", owed}, {"peer_consumed", peer_consumed}};
+  return true;
+}
+
+// Nothing can carry the work: the application gets the errors it would
+// have had (flushed WRs and receives), and the bundle stops.
+void give_up(Bundle* b, const std::string& why) {
+  {
+    std::lock_guard l(b->lk);
+    if (b->gave_up) return;
+    b->gave_up = true;
+    b->moving = false;
+    auto flush = [&](Path& p) {
+      for (size_t i = 0; i < p.infl.size(); i++)
+        if (signaled(b, p.infl[i].wr)) owe(b, p.infl[i], IBV_WC_WR_FLUSH_ERR);
+      p.infl.clear();
+      p.signaled.clear();
+      p.done = p.posted;
+    };
+    flush(b->prim);
+    for (auto& p : b->paths) flush(p);
+    for (size_t i = 0; i < b->held.size(); i++)
+      if (signaled(b, b->held[i].wr)) owe(b, b->held[i], IBV_WC_WR_FLUSH_ERR);
+    b->held.clear();
+    for (size_t i = 0; i < b->recvs.size(); i++) {
+      ibv_wc w{};
+      w.wr_id = b->recvs[i].wr.wr_id;
+      w.status = IBV_WC_WR_FLUSH_ERR;
+      w.opcode = IBV_WC_RECV;
+      w.qp_num = b->pqp->qp_num;
+      stash(b->pqp->recv_cq, w);
+    }
+    b->recvs.clear();
+    b->active.store(false);
+  }
+  {
+    std::lock_guard g(b->mu);
+    b->state = "failed: " + why;
+  }
+  log::error("{} QP {}: no path can carry this QP's work any more ({}); the application gets its errors",
+             b->ctx->device, b->pqp->qp_num, why);
+  telemetry::event("failover_failed",
+                   {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
+}
+
+// Asks the peer's shim, trying again on a new connection (a new source
+// port, so where a spine is dead another chance of an ECMP path around it)
+// until total_ms. Every try carries the same request id: a peer that
+// executed the request but whose answer was lost answers the same again.
+std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err) {
+  std::string ip;
+  if (!gid_v4(b->rgid, &ip)) return std::nullopt;
+  uint64_t rid = 0;
+  if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(now_ns());
+  req["rid"] = rid & 0xffffffffffffull;
+  int64_t deadline = mono_ms() + total_ms;
+  while (mono_ms() < deadline) {
+    int port;
+    {
+      std::lock_guard g(b->mu);
+      port = b->peer_port;
+    }
+    if (!port) {  // the peer's process listener, through its host agent
+      auto r = ask(ip, static_cast<int>(config().num(Param::peer_port)),
+                   {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, err);
+      if (r && r->value("port", 0) > 0) {
+        port = r->value("port", 0);
+        std::lock_guard g(b->mu);
+        b->peer_port = port;
+      }
+    }
+    if (port) {
+      auto r = peer::call(ip, port, peer::job_key_from(config().str(Param::job_key)), req, 500, err);
+      if (r) return r;
+    }
+    usleep(20 * 1000);
+  }
+  return std::nullopt;
+}
+
+void event_down(Bundle* b, const After& a) {
+  for (auto [pi, st] : a.down) {
+    int sport;
+    {
+      std::lock_guard l(b->lk);
+      sport = pi == kPrimary ? 0 : static_cast<int>(0xC000 | P(b, pi).flow_label);
+    }
+    log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
+              pi == kPrimary ? std::string("primary") : std::to_string(pi),
+              st >= 0 ? ibv_wc_status_str(static_cast<ibv_wc_status>(st)) : "the peer saw it fail");
+    telemetry::event("path_down", {{"device", static_cast<const char*>(b->ctx->device)},
+                                   {"qpn", b->pqp->qp_num},
+                                   {"path", pi},
+                                   {"udp_sport", sport},
+                                   {"status", st >= 0 ? ibv_wc_status_str(static_cast<ibv_wc_status>(st)) : "peer"}});
+  }
+}
+
+void event_moved(Bundle* b, int from, int to, const json& info) {
+  log::warn("{} QP {}: two-sided work moved from {} to path {}: {} WRs replayed, {} completions owed", b->ctx->device,
+            b->pqp->qp_num, from == kPrimary ? std::string("the application's QP") : "path " + std::to_string(from),
+            to, info.value("replayed", 0), info.value("completed", 0));
+  telemetry::event("failover", {{"device", static_cast<const char*>(b->ctx->device)},
+                                {"qpn", b->pqp->qp_num},
+                                {"from", from},
+                                {"to", to},
+                                {"replayed", info.value("replayed", 0)},
+                                {"completed", info.value("completed", 0)}});
+}
+
+// Puts a shadow that failed back into service with a new flow label (so a
+// new ECMP path): both halves go through RESET to RTS with new PSNs, after
+// every completion of the old incarnation was polled. The path then waits
+// on probation until a probe (shunt's zero-length WRITE) on it completes.
+bool reset_half(Bundle* b, Path& p, std::string* err) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = b->pkey;
+  a.port_num = b->port;
+  a.qp_access_flags = b->access;
+  if (ibv_modify_qp(p.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+    *err = std::string("shadow to INIT: ") + strerror(errno);
+    return false;
+  }
+  p.psn = random_psn();
+  p.gen++;
+  p.flow_label = flow_label_for(label_seed(b) + 7919u * p.gen, static_cast<int>(&p - b->paths.data()));
+  return true;
+}
+
+// Stops the path: its QP to the error state and then RESET (so the device
+// makes no more completions for it), and every completion it made polled.
+// Under b->move_mu.
+bool quiesce_path(Bundle* b, int i, std::string* err) {
+  {
+    std::lock_guard l(b->lk);
+    After a;
+    if (!b->paths[i].down) path_failed(b, i, -1, &a);
+    flush_held(b, b->ctx);
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(b->paths[i].qp, &a, IBV_QP_STATE);
+  a.qp_state = IBV_QPS_RESET;
+  if (ibv_modify_qp(b->paths[i].qp, &a, IBV_QP_STATE) != 0) {
+    *err = std::string("shadow to RESET: ") + strerror(errno);
+    return false;
+  }
+  drain(b);
+  return true;
+}
+
+void back_in_service(Bundle* b, int i) {
+  std::lock_guard l(b->lk);
+  Path& p = b->paths[i];
+  p.posted = p.done = 0;
+  p.signaled.clear();
+  p.infl.clear();
+  p.flow_bytes = 0;
+  p.ns_per_byte = 0;
+  p.down = false;
+  p.probation = true;
+  p.last_signaled = false;
+  uint64_t before = p.posted;
+  fence(b, b->ctx, i);  // the probe
+  if (p.posted != before) {
+    p.signaled[p.signaled.size() - 1].kind = kProbe;
+    b->fences--;
+  } else {
+    p.probation = false;  // cannot probe: trust it
+  }
+}
+
+bool renew_path(Bundle* b, int i, std::string* err) {
+  if (!quiesce_path(b, i, err)) return false;
+  Path& p = b->paths[i];
+  if (!reset_half(b, p, err)) return false;
+  auto r = ask_peer(b, {{"cmd", "path-renew"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"path", i},
+                        {"psn", p.psn}},
+                    3000, err);
+  if (!r || !r->contains("psn")) {
+    if (r) *err = r->dump();
+    return false;
+  }
+  p.remote_psn = r->value("psn", 0u) & 0xffffff;
+  if (!connect_shadow(b, p, err)) return false;
+  back_in_service(b, i);
+  log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i,
+            0xC000 | p.flow_label);
+  telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
+                               {"qpn", b->pqp->qp_num},
+                               {"path", i},
+                               {"udp_sport", 0xC000 | p.flow_label}});
+  return true;
+}
+
+json answer_path_renew(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  int i = req.value("path", -1);
+  if (i < 0 || i >= static_cast<int>(b->paths.size())) return {{"error", "no such path"}};
+  std::lock_guard m(b->move_mu);
+  {
+    std::lock_guard l(b->lk);
+    if (i == b->carrier) return {{"error", "that path carries two-sided work here"}};
+  }
+  std::string err;
+  if (!quiesce_path(b, i, &err)) return {{"error", err}};
+  Path& p = b->paths[i];
+  p.remote_psn = req.value("psn", 0u) & 0xffffff;
+  if (!reset_half(b, p, &err) || !connect_shadow(b, p, &err)) return {{"error", err}};
+  back_in_service(b, i);
+  telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
+                               {"qpn", b->pqp->qp_num},
+                               {"path", i},
+                               {"udp_sport", 0xC000 | p.flow_label}});
+  return {{"psn", p.psn}};
+}
+
+// Moves two-sided work off a failed carrier (the deciding side). Returns
+// false to try again later (no live path yet).
+bool do_move(Bundle* b) {
+  {
+    std::lock_guard l(b->lk);
+    if (b->gave_up) return true;
+  }
+  if (!b->tracking.load()) {
+    give_up(b, "the QP uses a shared receive queue: its receives cannot move");
+    return true;
+  }
+  std::vector<int> cand;
+  {
+    std::lock_guard l(b->lk);
+    for (size_t i = 0; i < b->paths.size(); i++)
+      if (usable(b->paths[i])) cand.push_back(static_cast<int>(i));
+  }
+  if (cand.empty()) return false;
+  int from = begin_move(b);
+  std::string err;
+  auto prep = ask_peer(b,
+                       {{"cmd", "carrier-prepare"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
+                        {"candidates", cand}, {"down", down_list(b)}},
+                       10000, &err);
+  if (!prep || !prep->contains("to")) {
+    if (prep) mark_down(b, b->ctx, prep->value("down", json::array()));
+    log::warn("{} QP {}: the peer did not agree on a new path yet: {}", b->ctx->device, b->pqp->qp_num,
+              prep ? prep->dump() : err);
+    return false;
+  }
+  mark_down(b, b->ctx, prep->value("down", json::array()));
+  int to = prep->value("to", -1);
+  if (to < 0 || to >= static_cast<int>(b->paths.size())) {
+    give_up(b, "the peer named no usable path");
+    return true;
+  }
+  int64_t mine = move_receives(b, to);
+  if (mine < 0) {
+    give_up(b, "the receives could not move");
+    return true;
+  }
+  json info;
+  if (!move_sends(b, from, to, prep->value("consumed", uint64_t{0}), &info)) {
+    give_up(b, info.value("error", ""));
+    return true;
+  }
+  auto ok = ask_peer(b, {{"cmd", "carrier-commit"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"to", to},
+                         {"consumed", mine}},
+                     10000, &err);
+  if (!ok || !ok->value("ok", false)) {
+    give_up(b, "the peer did not take the new path: " + (ok ? ok->dump() : err));
+    return true;
+  }
+  event_moved(b, from, to, info);
+  return true;
+}
+
+// One thread per bundle once a path failed: moves the carrier and renews
+// failed shadows (the deciding side), or reports failures to the deciding
+// side (the other). Renewal retries back off exponentially to
+// SHUNT_PATH_RETRY_MAX_MS and never give up; a path that failed three
+// times within a minute waits the longest (damping).
+void run_worker(Bundle* b) {
+  ReentryGuard guard;
+  pthread_setname_np(pthread_self(), "shunt-failover");
+  const bool decides = initiates(b);
+  const int64_t cap = config().num(Param::path_retry_max_ms), hold = config().num(Param::hold_ms);
+  std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
+  std::vector<std::deque<int64_t>> fails(b->paths.size());
+  std::vector<bool> was_down(b->paths.size(), false);
+  int64_t move_since = 0;
+  std::vector<int> reported;
+  for (;;) {
+    {
+      std::unique_lock w(b->wmu);
+      b->wcv.wait_for(w, std::chrono::milliseconds(50), [&] { return b->wake; });
+      b->wake = false;
+    }
+    bool need_move, gave_up;
+    std::vector<int> down;
+    {
+      std::lock_guard g(b->mu);
+      if (b->dead) return;
+    }
+    {
+      std::lock_guard l(b->lk);
+      need_move = b->need_move;
+      gave_up = b->gave_up;
+      for (size_t i = 0; i < b->paths.size(); i++)
+        if (b->paths[i].down && static_cast<int>(i) != b->carrier) down.push_back(static_cast<int>(i));
+    }
+    if (gave_up) return;
+    int64_t now = mono_ms();
+    std::lock_guard m(b->move_mu);
+    if (!decides) {
+      if (need_move) {
+        std::string err;
+        int carrier;
+        {
+          std::lock_guard l(b->lk);
+          carrier = b->carrier;
+          b->need_move = false;
+        }
+        auto r = ask_peer(b,
+                          {{"cmd", "carrier-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
+                           {"carrier", carrier}, {"down", down_list(b)}},
+                          10000, &err);
+        if (!r || !r->value("ok", false)) give_up(b, "the peer's shim cannot be reached: " + (r ? r->dump() : err));
+      } else if (down != reported) {
+        std::string err;
+        auto r = ask_peer(b, {{"cmd", "path-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"down", down}},
+                          3000, &err);
+        if (r) reported = down;
+      }
+      continue;
+    }
+    if (need_move) {
+      if (!move_since) move_since = now;
+      if (do_move(b)) {
+        move_since = 0;
+      } else if (now - move_since > hold) {
+        give_up(b, "no path came back within SHUNT_HOLD_MS (" + std::to_string(hold) + " ms)");
+        return;
+      }
+    }
+    for (int i : down) {
+      if (!was_down[i]) {  // a new failure: when to try again
+        was_down[i] = true;
+        fails[i].push_back(now);
+        while (!fails[i].empty() && now - fails[i].front() > 60000) fails[i].pop_front();
+        due[i] = now + (fails[i].size() >= 3 ? cap : backoff[i]);
+      }
+      if (now < due[i]) continue;
+      std::string err;
+      if (renew_path(b, i, &err)) {
+        was_down[i] = false;
+        backoff[i] = 100;
+      } else {
+        backoff[i] = std::min<int64_t>(backoff[i] * 2, cap);
+        due[i] = mono_ms() + backoff[i];
+        log::info("{} QP {}: path {} not renewed yet ({}); next try in {} ms", b->ctx->device, b->pqp->qp_num, i, err,
+                  backoff[i]);
+      }
+    }
+  }
+}
+
+void wake_worker(Bundle* b) {
+  bool start = false;
+  {
+    std::lock_guard w(b->wmu);
+    b->wake = true;
+    if (!b->worker) start = b->worker = true;
+  }
+  b->wcv.notify_one();
+  if (start) std::thread(run_worker, b).detach();
+}
+
+json answer_carrier_down(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  mark_down(b, b->ctx, req.value("down", json::array()));
+  {
+    std::lock_guard l(b->lk);
+    if (req.value("carrier", kNone) != b->carrier) return {{"ok", true}, {"note", "that carrier was moved already"}};
+    b->moving = true;
+    b->need_move = true;
+  }
+  wake_worker(b);
+  return {{"ok", true}};
+}
+
+json answer_path_down(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  mark_down(b, b->ctx, req.value("down", json::array()));
+  wake_worker(b);
+  return {{"ok", true}};
+}
+
+// Waits for the deciding side's commit; gives up when it never comes.
+void watch_commit(Bundle* b, uint64_t moves) {
+  ReentryGuard guard;
+  for (int i = 0; i < 300; i++) {
+    usleep(100 * 1000);
+    std::lock_guard l(b->lk);
+    if (b->moves != moves || b->gave_up) return;
+  }
+  give_up(b, "the peer never committed the new path");
+}
+
+json answer_carrier_prepare(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  std::lock_guard m(b->move_mu);
+  mark_down(b, b->ctx, req.value("down", json::array()));
+  int to = -1;
+  uint64_t moves;
+  {
+    std::lock_guard l(b->lk);
+    for (const auto& x : req.value("candidates", json::array()))
+      if (x.is_number_integer() && x.get<int>() >= 0 && x.get<int>() < static_cast<int>(b->paths.size()) &&
+          usable(b->paths[x.get<int>()])) {
+        to = x.get<int>();
+        break;
+      }
+    moves = b->moves;
+  }
+  if (to < 0) return {{"error", "none of those paths is alive here"}, {"down", down_list(b)}};
+  if (!b->tracking.load()) return {{"error", "the QP uses a shared receive queue: its receives cannot move"}};
+  b->pending_from = begin_move(b);
+  int64_t mine = move_receives(b, to);
+  if (mine < 0) {
+    std::thread(give_up, b, std::string("the receives could not move")).detach();
+    return {{"error", "the receives could not move"}};
+  }
+  std::thread(watch_commit, b, moves).detach();
+  return {{"to", to}, {"consumed", mine}, {"down", down_list(b)}};
+}
+
+json answer_carrier_commit(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b) return {{"error", "no such QP"}};
+  std::lock_guard m(b->move_mu);
+  int to = req.value("to", -1);
+  json info;
+  int from = b->pending_from;
+  if (to < 0 || to >= static_cast<int>(b->paths.size())) return {{"error", "no such path"}};
+  if (!move_sends(b, from, to, req.value("consumed", uint64_t{0}), &info)) {
+    std::thread(give_up, b, info.value("error", std::string("?"))).detach();
+    return {{"error", info.value("error", "")}};
+  }
+  event_moved(b, from, to, info);
+  wake_worker(b);  // to report or renew the old carrier (or the new one, failed already)
+  return {{"ok", true}};
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ public
+
+std::atomic<int> g_stash_n{0};
 
 void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
   if (!r || r->type != IBV_QPT_RC || r->shadow_of || current_mode() != Mode::active) return;
@@ -678,11 +1500,15 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
     b->primary = r;
     b->pqp = r->qp;
     b->ctx = r->ctx;
+    // Two-sided work can move to a shadow only with the application's own
+    // receive queue (no SRQ): then shunt keeps its receives from now.
+    b->tracking.store(r->qp->srq == nullptr);
     {
       std::lock_guard g(g_mu);
       if (!g_bundles) g_bundles = new std::vector<Bundle*>;
       g_bundles->push_back(b);
     }
+    g_shadow_qps.fetch_add(1);  // the poll path counts this QP's receives
     r->bundle.store(b, std::memory_order_release);
   }
   bool start = false;
@@ -734,15 +1560,20 @@ void bundle_on_destroy(QpRecord* r) {
   bool probed;
   {
     std::lock_guard g(b->mu);
+    if (b->dead) return;
     b->dead = true;
     std::lock_guard l(b->lk);
     b->active.store(false);
+    b->tracking.store(false);
     destroy_shadows(b, true);
     b->held.clear();
+    b->recvs.clear();
+    b->prim.infl.clear();
     if (!b->dir_file.empty()) unlink(b->dir_file.c_str());
     b->state += " (destroyed)";
     probed = b->probed;
   }
+  g_shadow_qps.fetch_sub(1);
   if (probed) drop_probe_paths(b);
 }
 
@@ -750,18 +1581,24 @@ bool bundle_active(const Bundle* b) { return b->active.load(std::memory_order_ac
 
 int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::lock_guard l(b->lk);
-  if (!b->active.load(std::memory_order_relaxed)) return c->orig.post_send(qp, wr, bad);
+  if (!b->active.load(std::memory_order_relaxed) || b->gave_up) {
+    int rc = c->orig.post_send(qp, wr, bad);
+    if (b->tracking.load(std::memory_order_relaxed))  // message numbers count from the start
+      for (ibv_send_wr* w = wr; w && !(rc && w == *bad); w = w->next)
+        if (consumes(w->opcode)) b->cseq++;
+    return rc;
+  }
   for (ibv_send_wr* w = wr; w; w = w->next) {
     if (!b->held.empty()) {
       hold(b, w);
       continue;
     }
     int target = route(b, c, w);
-    if (target == -2) {
+    if (target == kWait) {
       hold(b, w);
       continue;
     }
-    if (int rc = post_on(b, c, target, w)) {
+    if (int rc = post_on(b, c, target, nullptr, w)) {
       *bad = w;
       return rc;
     }
@@ -769,31 +1606,66 @@ int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, i
   return 0;
 }
 
+int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  std::lock_guard l(b->lk);
+  if (!b->tracking.load(std::memory_order_relaxed) || b->gave_up) return c->orig.post_recv(qp, wr, bad);
+  size_t before = b->recvs.size();
+  for (ibv_recv_wr* w = wr; w; w = w->next) b->recvs.push().take(w);
+  if (b->rcarrier == kNone) return 0;  // moving: posted on the new carrier with the rest
+  int rc = c->orig.post_recv(b->rcarrier == kPrimary ? qp : P(b, b->rcarrier).qp, wr, bad);
+  if (rc) {  // forget the ones not posted
+    size_t ok = 0;
+    for (ibv_recv_wr* w = wr; w && w != *bad; w = w->next) ok++;
+    while (b->recvs.size() > before + ok) b->recvs.pop_back();
+  }
+  b->recvs_posted = b->recvs.size();
+  return rc;
+}
+
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
   int out = 0;
   Bundle *touched = nullptr, *pending_flush = nullptr;
   for (int i = 0; i < n; i++) {
     QpRecord* r = find_qp_by_num(c, wc[i].qp_num);
-    if (!r || !r->shadow_of) {
+    Bundle* b = r ? (r->shadow_of ? r->shadow_of : r->bundle.load(std::memory_order_acquire)) : nullptr;
+    if (!b) {
       if (out != i) wc[out] = wc[i];
       out++;
       continue;
     }
-    Bundle* b = r->shadow_of;
+    int pi = r->shadow_of ? r->path : kPrimary;
     uint8_t kind = kApp;
+    bool drop = false;
+    After after;
     {
       std::lock_guard l(b->lk);
-      if (r->path < static_cast<int>(b->paths.size())) {
-        Path& p = b->paths[r->path];
-        if (!p.signaled.empty()) {
-          kind = p.signaled.front().second;
-          p.done = p.signaled.front().first;
-          p.signaled.pop_front();
-          if (drained(p) && p.flow_bytes > 0) {  // a flowlet ended: how fast did it drain?
-            double x = static_cast<double>(now_ns() - p.flow_start_ns) / static_cast<double>(p.flow_bytes);
-            p.ns_per_byte = p.ns_per_byte > 0 ? 0.75 * p.ns_per_byte + 0.25 * x : x;
-            p.flow_bytes = 0;
-          }
+      bool known = pi == kPrimary || pi < static_cast<int>(b->paths.size());
+      Path* p = known ? &P(b, pi) : nullptr;
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        if (p && p->down && !b->gave_up) {
+          drop = true;  // a failed path's errors are shunt's to handle
+          b->swallowed++;
+        } else if (p && b->active.load(std::memory_order_relaxed) && !b->gave_up) {
+          path_failed(b, pi, wc[i].status, &after);
+          drop = true;
+          b->swallowed++;
+        }
+      } else if (wc[i].opcode & IBV_WC_RECV) {
+        if (b->tracking.load(std::memory_order_relaxed)) {
+          if (!b->recvs.empty()) b->recvs.pop_front();
+          if (b->recvs_posted) b->recvs_posted--;
+          b->consumed++;
+        }
+      } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
+        kind = p->signaled.front().kind;
+        if (kind == kProbe) p->probation = false;
+        p->done = p->signaled.front().seq;
+        p->signaled.pop_front();
+        while (!p->infl.empty() && p->infl.front().seq <= p->done) p->infl.pop_front();
+        if (drained(*p) && p->flow_bytes > 0) {  // a flowlet ended: how fast did it drain?
+          double x = static_cast<double>(now_ns() - p->flow_start_ns) / static_cast<double>(p->flow_bytes);
+          p->ns_per_byte = p->ns_per_byte > 0 ? 0.75 * p->ns_per_byte + 0.25 * x : x;
+          p->flow_bytes = 0;
         }
       }
       if (!b->held.empty() && touched != b) {
@@ -801,13 +1673,17 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
         touched = b;
       }
     }
+    if (!after.down.empty()) {
+      event_down(b, after);
+      wake_worker(b);
+    }
     if (pending_flush) {
       std::lock_guard l(pending_flush->lk);
       flush_held(pending_flush, c);
       pending_flush = nullptr;
     }
-    if (kind == kFence && wc[i].status == IBV_WC_SUCCESS) continue;
-    wc[i].qp_num = r->primary_qpn;
+    if (drop || ((kind == kFence || kind == kProbe) && wc[i].status == IBV_WC_SUCCESS)) continue;
+    wc[i].qp_num = b->pqp->qp_num;
     if (out != i) wc[out] = wc[i];
     out++;
   }
@@ -816,6 +1692,22 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
     flush_held(touched, c);
   }
   return out;
+}
+
+int bundle_unstash(ibv_cq* cq, int n, ibv_wc* wc) {
+  std::lock_guard g(g_stash_mu);
+  int k = 0;
+  if (!g_stash) return 0;
+  for (auto it = g_stash->begin(); it != g_stash->end() && k < n;) {
+    if (it->first != cq) {
+      ++it;
+      continue;
+    }
+    wc[k++] = it->second;
+    it = g_stash->erase(it);
+    g_stash_n.fetch_sub(1);
+  }
+  return k;
 }
 
 json bundle_json(const QpRecord& r) {
@@ -830,17 +1722,59 @@ json bundle_json(const QpRecord& r) {
                      {"remote_qpn", p.remote_qpn},
                      {"udp_sport", 0xC000 | p.flow_label},
                      {"wrs", p.wrs},
-                     {"bytes", p.bytes}});
-  return {{"state", b->state},     {"active", b->active.load()}, {"paths", paths}, {"fences", b->fences},
-          {"held", b->held_total}, {"to_primary", b->to_primary}};
+                     {"bytes", p.bytes},
+                     {"down", p.down}});
+  return {{"state", b->state},
+          {"active", b->active.load()},
+          {"paths", paths},
+          {"fences", b->fences},
+          {"held", b->held_total},
+          {"to_primary", b->to_primary},
+          {"carrier", b->carrier},
+          {"primary_down", b->prim.down},
+          {"messages_sent", b->cseq},
+          {"messages_received", b->consumed},
+          {"failovers", b->failovers},
+          {"moves", b->moves},
+          {"replayed", b->replayed},
+          {"completions_owed", b->synthesized},
+          {"errors_hidden", b->swallowed}};
 }
+
+json answer(const json& req, const std::string& cmd);
+
+// The answers to the last requests with an id (see ask_peer).
+std::mutex g_rid_mu;
+std::deque<std::pair<uint64_t, json>>* g_rids = nullptr;
 
 json bundle_answer(const json& req) {
   ReentryGuard g;
   const std::string cmd = req.value("cmd", "");
+  uint64_t rid = req.contains("rid") && req["rid"].is_number_unsigned() ? req["rid"].get<uint64_t>() : 0;
+  if (rid) {
+    std::lock_guard l(g_rid_mu);
+    if (!g_rids) g_rids = new std::deque<std::pair<uint64_t, json>>;
+    for (const auto& [id, reply] : *g_rids)
+      if (id == rid) return reply;
+  }
+  json reply = answer(req, cmd);
+  if (rid) {
+    std::lock_guard l(g_rid_mu);
+    g_rids->emplace_back(rid, reply);
+    if (g_rids->size() > 64) g_rids->pop_front();
+  }
+  return reply;
+}
+
+json answer(const json& req, const std::string& cmd) {
   try {
     if (cmd == "bundle-join") return answer_join(req);
     if (cmd == "bundle-activate") return answer_activate(req);
+    if (cmd == "carrier-down") return answer_carrier_down(req);
+    if (cmd == "carrier-prepare") return answer_carrier_prepare(req);
+    if (cmd == "carrier-commit") return answer_carrier_commit(req);
+    if (cmd == "path-renew") return answer_path_renew(req);
+    if (cmd == "path-down") return answer_path_down(req);
   } catch (const json::exception& e) {
     return {{"error", std::string("malformed request: ") + e.what()}};
   }
@@ -857,13 +1791,15 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
     p.qp = shadows[i];
     p.qpn = shadows[i]->qp_num;
     p.flow_label = flow_label_for(r->qpn, static_cast<int>(i));
-    b->paths.push_back(p);
+    b->paths.push_back(std::move(p));
   }
   {
     std::lock_guard g(g_mu);
     if (!g_bundles) g_bundles = new std::vector<Bundle*>;
     g_bundles->push_back(b);
   }
+  g_shadow_qps.fetch_add(1);
+  b->tracking.store(true);
   std::lock_guard g(b->mu);
   track_shadows(b);
   r->bundle.store(b, std::memory_order_release);
@@ -878,11 +1814,32 @@ void bundle_detach_for_test(QpRecord* r) {
   std::lock_guard l(b->lk);
   b->dead = true;
   b->active.store(false);
+  b->tracking.store(false);
   for (auto& p : b->paths) {
     if (p.rec) g_shadow_qps.fetch_sub(1);
     untrack_qp(p.qp);
   }
+  g_shadow_qps.fetch_sub(1);
   r->bundle.store(nullptr);
+}
+
+int bundle_carrier_for_test(QpRecord* r) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard l(b->lk);
+  return b->moving ? kWait : b->carrier;
+}
+
+bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed) {
+  Bundle* b = r->bundle.load();
+  int from;
+  {
+    std::lock_guard l(b->lk);
+    from = b->carrier;
+    b->moving = true;
+    P(b, from).down = true;
+  }
+  json info;
+  return move_sends(b, from, to, peer_consumed, &info);
 }
 
 std::string bundle_dir() {

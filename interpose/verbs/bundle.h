@@ -11,6 +11,13 @@
 //   the bundle and are posted from ibv_poll_cq.
 // - A shadow's completions reach the application's CQ with the
 //   application's wr_id and QP number; shunt's fences never show.
+// - Failover: an error completion marks its path down and its errors never
+//   reach the application. A shadow's unfinished WRs are posted again on
+//   live paths. When the path carrying two-sided work (the application's
+//   QP first) fails, both ends agree on a shadow to carry it: each moves its
+//   unconsumed receives there, tells the other how many messages it
+//   consumed, and the sender posts again exactly the messages not consumed
+//   (completions of those that were are owed and returned by ibv_poll_cq).
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -30,10 +37,20 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask);
 void bundle_on_destroy(QpRecord* r);
 
 bool bundle_active(const Bundle* b);
+// Every WR of a QP with a bundle (active or not yet): a bundle numbers the
+// messages that consume a receive, and keeps the application's receives,
+// from the start, so that two-sided work can move to another path.
 int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 
-// How many shadow QPs exist: the poll path looks for them only when some do.
+// How many bundled and shadow QPs exist: the poll path looks for them only
+// when some do.
 extern std::atomic<int> g_shadow_qps;
+// Completions shunt owes the application (WRs the peer executed on a path
+// that failed before their completion came): ibv_poll_cq returns them first.
+extern std::atomic<int> g_stash_n;
+int bundle_unstash(ibv_cq* cq, int n, ibv_wc* wc);
+
 // Rewrites the completions of shadow QPs among wc[0..n) to the application's
 // QP, drops shunt's own, posts WRs whose fence cleared; returns the new n.
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n);
@@ -53,5 +70,10 @@ int bundle_locate(const std::string& gid_hex, uint32_t qpn);
 // shadow QPs (no peer, nothing created), and its removal.
 Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows);
 void bundle_detach_for_test(QpRecord* r);
+// Where two-sided work goes: -1 the application's QP, a path, -2 moving.
+int bundle_carrier_for_test(QpRecord* r);
+// The second half of a carrier move, with the peer's count of consumed
+// messages given: what is replayed, what completions are owed.
+bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
 
 }  // namespace shunt::verbs

@@ -5,6 +5,11 @@
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 
+#include <sched.h>
+
+#include <functional>
+#include <mutex>
+
 namespace shunt::verbs {
 
 namespace {
@@ -64,7 +69,7 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   QpRecord* r = lookup_qp(qp);
   ContextRecord* c = r ? r->ctx : find_context(qp->context);
   Bundle* b = r ? r->bundle.load(std::memory_order_acquire) : nullptr;
-  int ret = b && bundle_active(b) ? bundle_post_send(b, c, qp, wr, bad) : c->orig.post_send(qp, wr, bad);
+  int ret = b ? bundle_post_send(b, c, qp, wr, bad) : c->orig.post_send(qp, wr, bad);
   QpStats& s = stats_for(r, c);
   count_send(s, wr, ret ? *bad : nullptr);
   if (ret) add(s.send_post_errors, 1);
@@ -74,7 +79,8 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   QpRecord* r = lookup_qp(qp);
   ContextRecord* c = r ? r->ctx : find_context(qp->context);
-  int ret = c->orig.post_recv(qp, wr, bad);
+  Bundle* b = r ? r->bundle.load(std::memory_order_acquire) : nullptr;
+  int ret = b ? bundle_post_recv(b, c, qp, wr, bad) : c->orig.post_recv(qp, wr, bad);
   QpStats& s = stats_for(r, c);
   int sh = thread_shard();
   bump(s.hot[sh].recv_wrs, count_recv(wr, ret ? *bad : nullptr), sh < kShards);
@@ -89,16 +95,31 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return ret;
 }
 
-int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
-  ContextRecord* c = find_context(cq->context);
-  int got = c->orig.poll_cq(cq, n, wc);
-  if (got > 0 && g_shadow_qps.load(std::memory_order_relaxed) > 0) got = bundle_filter(c, wc, got);
+namespace {
+// A failover drains CQs itself (the application may not be polling): while
+// it does, every poll of the application takes g_cq_mu, and the drain
+// starts only once no poll that missed the flag is still running.
+std::atomic<int> g_polls{0}, g_drainers{0};
+std::mutex g_cq_mu;
+}  // namespace
+
+int poll_body(ContextRecord* c, ibv_cq* cq, int n, ibv_wc* wc, bool owed_first) {
+  int owed = 0;
+  if (owed_first && __builtin_expect(g_stash_n.load(std::memory_order_relaxed) > 0, 0))
+    owed = bundle_unstash(cq, n, wc);
+  int got = 0;
+  if (owed < n) {
+    got = c->orig.poll_cq(cq, n - owed, wc + owed);
+    if (got < 0) return owed ? owed : got;
+    if (got > 0 && g_shadow_qps.load(std::memory_order_relaxed) > 0) got = bundle_filter(c, wc + owed, got);
+  }
+  got += owed;
   if (got <= 0) return got;
   int sh = thread_shard();
   bool ex = sh < kShards;
   QpRecord* r = nullptr;
   uint32_t last_qpn = UINT32_MAX;
-  for (int i = 0; i < got; i++) {
+  for (int i = owed; i < got; i++) {  // (owed ones were counted when shunt polled them, or are shunt's own)
     const ibv_wc& w = wc[i];
     if (w.qp_num != last_qpn) {  // completions of one QP come in runs
       r = find_qp_by_num(c, w.qp_num);
@@ -115,6 +136,35 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
     }
   }
   return got;
+}
+
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
+  ContextRecord* c = find_context(cq->context);
+  if (__builtin_expect(g_shadow_qps.load(std::memory_order_relaxed) == 0, 1)) return poll_body(c, cq, n, wc, true);
+  g_polls.fetch_add(1);
+  if (g_drainers.load()) {
+    g_polls.fetch_sub(1);
+    std::lock_guard l(g_cq_mu);
+    return poll_body(c, cq, n, wc, true);
+  }
+  int got = poll_body(c, cq, n, wc, true);
+  g_polls.fetch_sub(1);
+  return got;
+}
+
+void drain_cq(ContextRecord* c, ibv_cq* cq, const std::function<void(const ibv_wc&)>& keep) {
+  g_drainers.fetch_add(1);
+  while (g_polls.load() > 0) sched_yield();
+  {
+    std::lock_guard l(g_cq_mu);
+    ibv_wc wc[16];
+    for (int k = 0; k < 100000; k++) {
+      int got = poll_body(c, cq, 16, wc, false);
+      for (int i = 0; i < got; i++) keep(wc[i]);
+      if (got < 16) break;
+    }
+  }
+  g_drainers.fetch_sub(1);
 }
 
 int req_notify_cq(ibv_cq* cq, int solicited_only) {

@@ -82,6 +82,10 @@ void for_each_context(const std::function<void(const ContextRecord&)>& fn);
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
+// Polls cq until it is empty on behalf of shunt (a failover that cannot
+// wait for the application to poll), with the application's own polls held
+// off meanwhile; what the application must still see goes to keep().
+void drain_cq(ContextRecord* c, ibv_cq* cq, const std::function<void(const ibv_wc&)>& keep);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 

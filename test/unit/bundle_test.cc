@@ -73,6 +73,7 @@ struct Rig {
     app.context = ctx;
     app.qp_num = 500;
     app.qp_type = IBV_QPT_RC;
+    app.send_cq = app.recv_cq = &cq;
     cq.context = ctx;
     for (int i = 0; i < 3; i++) {
       sh[i].context = ctx;
@@ -226,4 +227,106 @@ TEST(Bundle, FlowletAvoidsAPathWhoseFlowletsDrainSlowly) {
   double slowest = 0;
   for (const auto& p : j["paths"]) slowest = std::max(slowest, p["ns_per_byte"].get<double>());
   EXPECT_GT(slowest, 0);
+}
+
+namespace {
+ibv_wc error_wc(uint32_t qpn, uint64_t wr_id, ibv_wc_status st) {
+  ibv_wc w{};
+  w.qp_num = qpn;
+  w.wr_id = wr_id;
+  w.status = st;
+  return w;
+}
+size_t posted_on(uint32_t qpn) {
+  return std::count_if(g_posted.begin(), g_posted.end(), [&](const Posted& p) { return p.qpn == qpn; });
+}
+}  // namespace
+
+TEST(Bundle, AFailedShadowsWorkIsPostedAgainOnAnotherAndItsErrorsNeverShow) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1, buf), 0);  // unsignaled
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 2, buf), 0);
+  ASSERT_EQ(g_posted.size(), 2u);
+  uint32_t dead = g_posted[0].qpn;
+  ASSERT_EQ(g_posted[1].qpn, dead);  // one flowlet: the same shadow
+  g_posted.clear();
+  // The path dies: the first WR times out, the second is flushed.
+  g_cq.push_back(error_wc(dead, 1, IBV_WC_RETRY_EXC_ERR));
+  g_cq.push_back(error_wc(dead, 2, IBV_WC_WR_FLUSH_ERR));
+  EXPECT_TRUE(r.poll().empty());
+  // Both went again, in order, on one other shadow.
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_NE(g_posted[0].qpn, dead);
+  EXPECT_EQ(g_posted[0].qpn, g_posted[1].qpn);
+  EXPECT_EQ(g_posted[0].wr_id, 1u);
+  EXPECT_EQ(g_posted[1].wr_id, 2u);
+  EXPECT_FALSE(g_posted[0].flags & IBV_SEND_SIGNALED);
+  EXPECT_TRUE(g_posted[1].flags & IBV_SEND_SIGNALED);
+  // Its completion is the application's, once.
+  complete(g_posted[1].qpn, 2);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  // The dead path is never used again.
+  for (int i = 0; i < 12; i++) {
+    ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 100 + i, buf), 0);
+    complete(g_posted.back().qpn, 100 + i);
+    ASSERT_EQ(r.poll().size(), 1u);
+  }
+  EXPECT_EQ(posted_on(dead), 0u);
+}
+
+// Three SENDs in flight on the application's QP when it fails; the peer
+// consumed the first two. The third is posted again on the new carrier, the
+// second's completion (signaled, never seen) is owed, the errors never show.
+TEST(Bundle, AMovedCarrierReplaysExactlyTheMessagesThePeerDidNotConsume) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 1, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 3, buf), 0);
+  ASSERT_EQ(posted_on(500), 3u);
+  complete(500, 1, IBV_WC_SEND);
+  ASSERT_EQ(r.poll().size(), 1u);
+  g_cq.push_back(error_wc(500, 2, IBV_WC_RETRY_EXC_ERR));
+  g_cq.push_back(error_wc(500, 3, IBV_WC_WR_FLUSH_ERR));
+  // (the fake device has no peer: the move's second half runs by hand)
+  g_posted.clear();
+  ASSERT_TRUE(bundle_move_sends_for_test(r.rec, 1, 2));
+  // Message 3 again on path 1 (QP 502), then a fence whose completion wakes
+  // an application waiting in event mode for the owed one.
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_EQ(g_posted[0].qpn, 502u);
+  EXPECT_EQ(g_posted[0].wr_id, 3u);
+  EXPECT_EQ(g_posted[0].opcode, IBV_WR_RDMA_WRITE_WITH_IMM);
+  EXPECT_EQ(g_posted[1].qpn, 502u);
+  EXPECT_EQ(g_posted[1].bytes, 0u);
+  g_posted.clear();
+  auto wc = r.poll();  // the owed completion of message 2; the errors are gone
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc[0].opcode, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  EXPECT_EQ(bundle_carrier_for_test(r.rec), 1);
+  // New two-sided work goes to the new carrier too.
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 4, buf), 0);
+  EXPECT_EQ(posted_on(500), 0u);
+  EXPECT_EQ(posted_on(502), 1u);
+}
+
+TEST(Bundle, AMoveRefusesWhenMessagesItCannotReplayWereNotConsumed) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 1, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2, buf), 0);
+  complete(500, 1, IBV_WC_SEND);
+  complete(500, 2, IBV_WC_SEND);
+  ASSERT_EQ(r.poll().size(), 2u);
+  // Both completed here, so shunt kept no copies; a peer that says it
+  // consumed none of them cannot be served exactly once.
+  EXPECT_FALSE(bundle_move_sends_for_test(r.rec, 1, 0));
 }
