@@ -145,11 +145,12 @@ test: deps
 test-unit: $(UNIT_BIN)
 	$(UNIT_BIN)
 
-# The README's first command: the link-down scenario on the default fabric
-# (2 guests, 2 rails, 2 spines), without and with libshunt, side by side.
+# The README's first command: a 4-rank all-to-all while h1's leaf uplink to
+# spine s1 is black-holed (4 guests, 2 rails, 2 spines), without and with
+# libshunt, side by side.
 demo: deps
 	$(MAKE) -j$(JOBS) all
-	$(BUILD)/bin/shunt-bench scenario link-down --out $(BUILD)/demo
+	$(BUILD)/bin/shunt-bench scenario blackhole --link l1r0-s1 --ranks 4 --duration 30 --out $(BUILD)/demo
 
 # ---------------------------------------------------------------- sanitizers
 asan:

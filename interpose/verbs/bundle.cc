@@ -1,11 +1,14 @@
 #include "interpose/verbs/bundle.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -193,6 +196,8 @@ struct Bundle {
   uint32_t rqpn = 0;
   std::string dir_file;
   int peer_port = 0;  // the peer's process listener, once known
+  std::vector<std::string> peer_addrs;  // the peer's IPv4 addresses (its rails), for the control channel
+  size_t peer_good = 0;
   std::mutex move_mu;  // one carrier move or path renewal at a time
   std::mutex wmu;  // the failover worker's wake-ups
   std::condition_variable wcv;
@@ -392,6 +397,33 @@ void destroy_shadows(Bundle* b, bool keep) {
   if (!keep) b->paths.clear();
 }
 
+// This host's IPv4 addresses (up, not loopback): the peer's shim reaches
+// this process on any of them when the rail behind the GID is down.
+json local_addrs() {
+  json out = json::array();
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return out;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    char s[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, s, sizeof s);
+    if (out.size() < 16) out.push_back(s);
+  }
+  freeifaddrs(ifs);
+  return out;
+}
+
+void read_addrs(Bundle* b, const json& msg) {
+  if (!msg.contains("addrs") || !msg["addrs"].is_array()) return;
+  b->peer_addrs.clear();
+  for (const auto& a : msg["addrs"]) {
+    in_addr x;
+    if (a.is_string() && inet_pton(AF_INET, a.get<std::string>().c_str(), &x) == 1 && b->peer_addrs.size() < 16)
+      b->peer_addrs.push_back(a.get<std::string>());
+  }
+}
+
 json paths_json(const Bundle* b) {
   json out = json::array();
   for (const auto& p : b->paths) out.push_back({{"qpn", p.qpn}, {"psn", p.psn}});
@@ -519,6 +551,8 @@ bool initiates(const Bundle* b) {
   return c < 0 || (c == 0 && b->pqp->qp_num < b->rqpn);
 }
 
+std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
+
 void run_setup(Bundle* b) {
   ReentryGuard guard;
   pthread_setname_np(pthread_self(), "shunt-bundle");
@@ -539,7 +573,8 @@ void run_setup(Bundle* b) {
   {
     int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
     json join = {{"cmd", "bundle-join"},   {"gid", gid_hex(b->rgid)},       {"qpn", b->rqpn},
-                 {"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)}};
+                 {"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
+                 {"addrs", local_addrs()}};
     std::optional<json> reply;
     int port = 0;
     std::string last = "no answer";
@@ -577,6 +612,7 @@ void run_setup(Bundle* b) {
       goto failed;
     }
     if (!read_paths(b, *reply, &err)) goto failed;
+    read_addrs(b, *reply);
     while (b->paths.size() > (*reply)["paths"].size()) {  // the peer made fewer: ours beyond are not needed
       ibv_destroy_qp(b->paths.back().qp);
       b->paths.pop_back();
@@ -584,15 +620,18 @@ void run_setup(Bundle* b) {
     for (auto& p : b->paths)
       if (!connect_shadow(b, p, &err)) goto failed;
     track_shadows(b);
+    b->peer_port = port;
     g.unlock();  // no bundle lock across the network
-    auto ok = ask(ip, port, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, &err);
+    auto ok = ask_peer(b, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 5000, &err);
     g.lock();
     if (b->dead) return;
     if (!ok || !ok->value("ok", false)) {
       err = "the peer did not activate: " + (ok ? ok->dump() : err);
+      g.unlock();
+      ask_peer(b, {{"cmd", "bundle-abort"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 2000, &err);
+      g.lock();
       goto failed;
     }
-    b->peer_port = port;
     activate(b);
     g.unlock();
     register_probe_paths(b);
@@ -651,8 +690,21 @@ json answer_join(const json& req) {
     return {{"error", err}};
   }
   track_shadows(b);
+  read_addrs(b, req);
   b->state = "joined, waiting for activation";
-  return {{"paths", mine}};
+  return {{"paths", mine}, {"addrs", local_addrs()}};
+}
+
+// The deciding side could not finish the setup: this side's shadows go.
+json answer_abort(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b) return {{"error", "no such QP"}};
+  std::lock_guard g(b->mu);
+  if (b->active.load()) return {{"error", "the bundle is active"}};
+  std::lock_guard l(b->lk);
+  destroy_shadows(b, false);
+  b->state = "primary-only: the peer gave up the setup";
+  return {{"ok", true}};
 }
 
 json answer_activate(const json& req) {
@@ -661,6 +713,7 @@ json answer_activate(const json& req) {
   {
     std::lock_guard g(b->mu);
     if (b->paths.empty()) return {{"error", "no shadows"}};
+    if (b->active.load()) return {{"ok", true}};
     activate(b);
   }
   register_probe_paths(b);
@@ -1073,13 +1126,28 @@ void give_up(Bundle* b, const std::string& why) {
 // until total_ms. Every try carries the same request id: a peer that
 // executed the request but whose answer was lost answers the same again.
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err) {
-  std::string ip;
-  if (!gid_v4(b->rgid, &ip)) return std::nullopt;
+  std::vector<std::string> ips(1);
+  if (!gid_v4(b->rgid, &ips[0])) return std::nullopt;
+  {
+    std::lock_guard g(b->mu);
+    for (const auto& a : b->peer_addrs)
+      if (a != ips[0]) ips.push_back(a);
+  }
+  size_t at = 0;
+  {
+    std::lock_guard g(b->mu);
+    at = b->peer_good % ips.size();
+  }
   uint64_t rid = 0;
   if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(now_ns());
   req["rid"] = rid & 0xffffffffffffull;
   int64_t deadline = mono_ms() + total_ms;
-  while (mono_ms() < deadline) {
+  // Each try goes to the peer's next address (its other rails: the one
+  // behind its GID may be the one that failed), starting with the last that
+  // answered.
+  for (int tries = 0; mono_ms() < deadline; tries++) {
+    size_t k = (at + tries) % ips.size();
+    const std::string& ip = ips[k];
     int port;
     {
       std::lock_guard g(b->mu);
@@ -1096,9 +1164,13 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
     }
     if (port) {
       auto r = peer::call(ip, port, peer::job_key_from(config().str(Param::job_key)), req, 500, err);
-      if (r) return r;
+      if (r) {
+        std::lock_guard g(b->mu);
+        b->peer_good = k;
+        return r;
+      }
     }
-    usleep(20 * 1000);
+    if (k + 1 == ips.size()) usleep(20 * 1000);
   }
   return std::nullopt;
 }
@@ -1175,6 +1247,22 @@ bool quiesce_path(Bundle* b, int i, std::string* err) {
   return true;
 }
 
+// Shunt's zero-length signaled WRITE on a path: the path is on probation
+// (out of the rotation) until it completes. Under b->lk.
+void probe(Bundle* b, int i) {
+  Path& p = b->paths[i];
+  p.probation = true;
+  p.last_signaled = false;
+  uint64_t before = p.posted;
+  fence(b, b->ctx, i);
+  if (p.posted != before) {
+    p.signaled[p.signaled.size() - 1].kind = kProbe;
+    b->fences--;
+  } else {
+    p.probation = false;  // cannot probe: trust it
+  }
+}
+
 void back_in_service(Bundle* b, int i) {
   std::lock_guard l(b->lk);
   Path& p = b->paths[i];
@@ -1184,16 +1272,35 @@ void back_in_service(Bundle* b, int i) {
   p.flow_bytes = 0;
   p.ns_per_byte = 0;
   p.down = false;
-  p.probation = true;
-  p.last_signaled = false;
-  uint64_t before = p.posted;
-  fence(b, b->ctx, i);  // the probe
-  if (p.posted != before) {
-    p.signaled[p.signaled.size() - 1].kind = kProbe;
-    b->fences--;
-  } else {
-    p.probation = false;  // cannot probe: trust it
+  probe(b, i);
+}
+
+// Probes every usable shadow (after a failure, the others may sit behind
+// the same fault): each is on probation, out of the rotation, until its
+// probe completes; one that does not fails like any path.
+void probe_all(Bundle* b) {
+  std::lock_guard l(b->lk);
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (usable(b->paths[i])) probe(b, static_cast<int>(i));
+}
+
+// Probes the candidates and returns those that answered within ms, in the
+// order they answered (shunt polls the CQs itself meanwhile).
+std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms) {
+  {
+    std::lock_guard l(b->lk);
+    for (int i : cand)
+      if (!b->paths[i].down && !b->paths[i].probation) probe(b, i);
   }
+  std::vector<int> ok;
+  int64_t deadline = mono_ms() + ms;
+  while (mono_ms() < deadline && ok.size() < cand.size()) {
+    drain(b);
+    std::lock_guard l(b->lk);
+    for (int i : cand)
+      if (usable(b->paths[i]) && std::find(ok.begin(), ok.end(), i) == ok.end()) ok.push_back(i);
+  }
+  return ok;
 }
 
 bool renew_path(Bundle* b, int i, std::string* err) {
@@ -1261,6 +1368,10 @@ bool do_move(Bundle* b) {
   }
   if (cand.empty()) return false;
   int from = begin_move(b);
+  // Only paths that answer a probe now: a path that carried nothing since
+  // the fault looks usable but may sit behind it.
+  cand = answering(b, cand, 300);
+  if (cand.empty()) return false;
   std::string err;
   auto prep = ask_peer(b,
                        {{"cmd", "carrier-prepare"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
@@ -1313,7 +1424,7 @@ void run_worker(Bundle* b) {
   std::vector<std::deque<int64_t>> fails(b->paths.size());
   std::vector<bool> was_down(b->paths.size(), false);
   int64_t move_since = 0;
-  std::vector<int> reported;
+  std::vector<int> reported, seen_down;
   for (;;) {
     {
       std::unique_lock w(b->wmu);
@@ -1334,6 +1445,12 @@ void run_worker(Bundle* b) {
         if (b->paths[i].down && static_cast<int>(i) != b->carrier) down.push_back(static_cast<int>(i));
     }
     if (gave_up) return;
+    if (down != seen_down) {  // a new failure: are the others behind the same fault?
+      bool more = false;
+      for (int i : down) more |= std::find(seen_down.begin(), seen_down.end(), i) == seen_down.end();
+      if (more) probe_all(b);
+      seen_down = down;
+    }
     int64_t now = mono_ms();
     std::lock_guard m(b->move_mu);
     if (!decides) {
@@ -1503,6 +1620,9 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
     // Two-sided work can move to a shadow only with the application's own
     // receive queue (no SRQ): then shunt keeps its receives from now.
     b->tracking.store(r->qp->srq == nullptr);
+    b->prim.qp = r->qp;
+    b->prim.qpn = r->qp->qp_num;
+    b->prim.rec = r;
     {
       std::lock_guard g(g_mu);
       if (!g_bundles) g_bundles = new std::vector<Bundle*>;
@@ -1582,11 +1702,15 @@ bool bundle_active(const Bundle* b) { return b->active.load(std::memory_order_ac
 int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::lock_guard l(b->lk);
   if (!b->active.load(std::memory_order_relaxed) || b->gave_up) {
-    int rc = c->orig.post_send(qp, wr, bad);
-    if (b->tracking.load(std::memory_order_relaxed))  // message numbers count from the start
-      for (ibv_send_wr* w = wr; w && !(rc && w == *bad); w = w->next)
-        if (consumes(w->opcode)) b->cseq++;
-    return rc;
+    if (b->gave_up || !b->tracking.load(std::memory_order_relaxed)) return c->orig.post_send(qp, wr, bad);
+    // Not active yet: on the application's QP, but numbered and kept from
+    // the start, so a failover soon after activation can replay them.
+    for (ibv_send_wr* w = wr; w; w = w->next)
+      if (int rc = post_on(b, c, kPrimary, nullptr, w)) {
+        *bad = w;
+        return rc;
+      }
+    return 0;
   }
   for (ibv_send_wr* w = wr; w; w = w->next) {
     if (!b->held.empty()) {
@@ -1770,6 +1894,7 @@ json answer(const json& req, const std::string& cmd) {
   try {
     if (cmd == "bundle-join") return answer_join(req);
     if (cmd == "bundle-activate") return answer_activate(req);
+    if (cmd == "bundle-abort") return answer_abort(req);
     if (cmd == "carrier-down") return answer_carrier_down(req);
     if (cmd == "carrier-prepare") return answer_carrier_prepare(req);
     if (cmd == "carrier-commit") return answer_carrier_commit(req);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # timeout: 400
-# `shunt-bench scenario link-down`, shortened: both runs (without and with
-# libshunt) happen on a fresh fabric, the fault is marked on their
-# timelines, the side-by-side table has every row, the plot is drawn and
-# the fabric is gone afterwards.
+# `shunt-bench scenario blackhole --link l1r0-s1` (the demo's), shortened:
+# both runs (without and with libshunt) happen on a fresh fabric, the fault
+# is marked on their timelines, the side-by-side table has every row, the
+# plot is drawn, the run with libshunt ends without an error seen by the
+# application, and the fabric is gone afterwards.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BIN=$ROOT/${BUILD:-build}/bin
@@ -11,7 +12,7 @@ case $BIN in /*) ;; *) BIN=$ROOT/$BIN ;; esac
 [ -x "$BIN/shunt-bench" ] && [ -x "$BIN/shunt-bench-scenario" ] || skip "shunt-bench not built"
 [ -f "$ROOT/${BUILD:-build}/lib/libshunt.so" ] || skip "libshunt.so not built"
 before=$(ip netns list | grep -c '^sf-sc' || true)
-"$BIN/shunt-bench" scenario link-down --duration 12 --fault-at 4 --fault-for 3 --stall 20 --out "$TMP/sc" \
+"$BIN/shunt-bench" scenario blackhole --link l1r0-s1 --duration 14 --fault-at 4 --fault-for 3 --stall 20 --out "$TMP/sc" \
   >"$TMP/out" 2>&1
 rc=$?
 cat "$TMP/out"
@@ -20,21 +21,23 @@ for row in "exit status" "errors seen by the app" "bytes wrong" "GB/s before the
   "GB/s after healing" "time to recover" "longest zero-throughput"; do
   grep -q "^$row " "$TMP/out" || fail "row '$row' missing"
 done
-head -c 8 "$TMP/sc/link-down.png" | od -An -c | grep -q 'P   N   G' || fail "no plot"
+head -c 8 "$TMP/sc/blackhole.png" | od -An -c | grep -q 'P   N   G' || fail "no plot"
 python3 - "$TMP/sc" <<'PY' || fail "scenario results"
 import json, sys
 d = sys.argv[1]
 for mode in ("without", "with"):
     j = json.load(open(f"{d}/{mode}.json"))
     labels = [m["label"] for m in j["marks"]]
-    assert labels == ["link-down", "healed"], labels
+    assert labels == ["blackhole", "healed"], labels
     down, healed = (m["t"] for m in j["marks"])
     assert 0 < down < healed < 30, (down, healed)
     assert len(j["timeline"]["samples"]) > 20
     if j["error"] is None:
         assert j["wrong_total"] == 0, j["wrong_total"]
+    if mode == "with":
+        assert j["error"] is None and j["errors"] == 0, (j["error"], j["errors"])
 s = json.load(open(f"{d}/summary.json"))
-assert s["scenario"] == "link-down" and "time to recover" in s["with"]
+assert s["scenario"] == "blackhole" and "time to recover" in s["with"]
 PY
 [ "$(ip netns list | grep -c '^sf-sc' || true)" = "$before" ] || fail "scenario left its fabric behind"
 echo ok

@@ -4,7 +4,10 @@
 # `shunt-bench scenario NAME`.
 #
 # Usage: shunt-bench scenario NAME [options]
-#   NAME          link-down | port-down | flap | blackhole   (on h1's rail 0)
+#   NAME          link-down | port-down | flap | blackhole
+#   --link L      the link to fault (default h1-r0, h1's own link on rail 0;
+#                 e.g. l1r0-s1, its leaf's uplink to spine s1); port-down is
+#                 always h1's port on rail 0
 #   --transport T verbs (default) or tcp
 #   --verb V      write_imm (default) or send
 #   --ranks N     ranks, one guest each (default 2)
@@ -22,11 +25,13 @@
 set -u
 name=${1:-}
 case $name in link-down|port-down|flap|blackhole) shift ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
+link=h1-r0
 while [ $# -gt 0 ]; do
   case $1 in
     --transport) transport=$2; shift ;;
+    --link) link=$2; shift ;;
     --verb) verb=$2; shift ;;
     --ranks) ranks=$2; shift ;;
     --size) size=$2; shift ;;
@@ -65,20 +70,20 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "scenario $name: $transport${transport:+ }$([ $transport = verbs ] && echo $verb), $ranks ranks, $size," \
-  "fault on h1 rail 0 at ${fault_at}s for ${fault_for}s, ${duration}s per run"
+  "fault on $([ $name = port-down ] && echo "h1's port on rail 0" || echo "$link") at ${fault_at}s for ${fault_for}s, ${duration}s per run"
 fab up --hosts "$ranks" --rails 2 --spines 2 >"$out/fabric.log" 2>&1 ||
   { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric"; exit 2; }
 boot=$(fab addr h1 r1):29700  # the bootstrap rides rail 1: the fault is on rail 0
 
 inject() {
   case $name:$1 in
-    link-down:on) fab fault link-down h1-r0 ;;
-    link-down:off) fab fault link-up h1-r0 ;;
+    link-down:on) fab fault link-down "$link" ;;
+    link-down:off) fab fault link-up "$link" ;;
     port-down:on) fab fault port-down h1 r0 ;;
     port-down:off) fab fault port-up h1 r0 ;;
-    blackhole:on) fab fault blackhole h1-r0 ;;
-    blackhole:off) fab fault unblackhole h1-r0 ;;
-    flap:on) fab fault flap h1-r0 --period 1000 --count "$fault_for" ;;
+    blackhole:on) fab fault blackhole "$link" ;;
+    blackhole:off) fab fault unblackhole "$link" ;;
+    flap:on) fab fault flap "$link" --period 1000 --count "$fault_for" ;;
     flap:off) ;;
   esac
 }
@@ -93,7 +98,9 @@ clock_offset() {
 # run_one MODE: the workload on every guest, the fault injected meanwhile
 run_one() {
   local mode=$1 r pids=() env=()
-  [ "$mode" = with ] && env=(-e "LD_PRELOAD=$shim")
+  # with: bundles need the job's key for the shims' peer channel (shunt-run
+  # makes one per job)
+  [ "$mode" = with ] && env=(-e "LD_PRELOAD=$shim" -e "SHUNT_MODE=active" -e "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM")
   local marks=$out/$mode.marks off
   off=$(clock_offset)
   : >"$marks"
@@ -146,7 +153,7 @@ for mode in without with; do
   sleep 2
 done
 
-"$bench" plot -o "$out/$name.png" --title "$name on h1 rail 0: without and with libshunt" \
+"$bench" plot -o "$out/$name.png" --title "$name on $([ $name = port-down ] && echo "h1 rail 0" || echo "$link"): without and with libshunt" \
   "$out/without.json" "$out/with.json" 2>"$out/plot.err" || cat "$out/plot.err"
 python3 - "$out" "$name" <<'PY'
 import json, os, sys
@@ -187,7 +194,15 @@ def phases(j):
     res["during"] = mean(fault, healed if healed is not None else end)
     res["after"] = mean(healed, end) if healed is not None and end > healed else None
     base = res["before"] or 0
-    res["recover"] = next((t - fault for t, g in s if t > fault + 0.1 and g >= 0.5 * base), None) if base else None
+    # time to recover: from the fault until throughput is back to 90% of
+    # what it was before, counted after the dip the fault caused (none: 0)
+    res["recover"] = None
+    if base:
+        dip = next((t for t, g in s if t > fault and g < 0.9 * base), None)
+        if dip is None:
+            res["recover"] = 0.0
+        else:
+            res["recover"] = next((t - fault for t, g in s if t > dip and g >= 0.9 * base), None)
     longest = cur = 0.0
     prev = 0.0
     for t, g in s:
