@@ -197,7 +197,6 @@ struct Bundle {
   std::string dir_file;
   int peer_port = 0;  // the peer's process listener, once known
   std::vector<std::string> peer_addrs;  // the peer's IPv4 addresses (its rails), for the control channel
-  size_t peer_good = 0;
   std::mutex move_mu;  // one carrier move or path renewal at a time
   std::mutex wmu;  // the failover worker's wake-ups
   std::condition_variable wcv;
@@ -1125,6 +1124,46 @@ void give_up(Bundle* b, const std::string& why) {
 // port, so where a spine is dead another chance of an ECMP path around it)
 // until total_ms. Every try carries the same request id: a peer that
 // executed the request but whose answer was lost answers the same again.
+// One round of a request to the peer: sent on every one of its addresses
+// at once, each on a new connection; the first answer wins. The peer serves
+// them one after another and answers the same request id the same way.
+struct Race {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<json> answer;
+  std::string err;
+  size_t left = 0, winner = 0;
+};
+
+std::optional<json> race(const std::vector<std::string>& ips, int port, const json& req, int timeout_ms,
+                         size_t* winner, std::string* err) {
+  auto r = std::make_shared<Race>();
+  r->left = ips.size();
+  peer::Key key = peer::job_key_from(config().str(Param::job_key));
+  for (size_t k = 0; k < ips.size(); k++)
+    std::thread([r, ip = ips[k], port, req, timeout_ms, k, key] {
+      ReentryGuard guard;
+      std::string e;
+      auto a = peer::call(ip, port, key, req, timeout_ms, &e);
+      std::lock_guard l(r->mu);
+      if (a && !r->answer) r->answer = std::move(a), r->winner = k;
+      if (!a) r->err = e;
+      r->left--;
+      r->cv.notify_all();
+    }).detach();
+  std::unique_lock l(r->mu);
+  r->cv.wait(l, [&] { return r->answer.has_value() || r->left == 0; });
+  if (!r->answer) *err = r->err;
+  *winner = r->winner;
+  return r->answer;
+}
+
+// Asks the peer's shim until total_ms, on all of its addresses (its other
+// rails: the one behind its GID may be the one that failed), trying again
+// on new connections (new source ports, so where a spine is dead another
+// chance of an ECMP path around it). Every try carries the same request id:
+// a peer that executed the request but whose answer was lost answers the
+// same again.
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err) {
   std::vector<std::string> ips(1);
   if (!gid_v4(b->rgid, &ips[0])) return std::nullopt;
@@ -1133,29 +1172,20 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
     for (const auto& a : b->peer_addrs)
       if (a != ips[0]) ips.push_back(a);
   }
-  size_t at = 0;
-  {
-    std::lock_guard g(b->mu);
-    at = b->peer_good % ips.size();
-  }
   uint64_t rid = 0;
   if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(now_ns());
   req["rid"] = rid & 0xffffffffffffull;
   int64_t deadline = mono_ms() + total_ms;
-  // Each try goes to the peer's next address (its other rails: the one
-  // behind its GID may be the one that failed), starting with the last that
-  // answered.
-  for (int tries = 0; mono_ms() < deadline; tries++) {
-    size_t k = (at + tries) % ips.size();
-    const std::string& ip = ips[k];
+  while (mono_ms() < deadline) {
     int port;
     {
       std::lock_guard g(b->mu);
       port = b->peer_port;
     }
+    size_t k = 0;
     if (!port) {  // the peer's process listener, through its host agent
-      auto r = ask(ip, static_cast<int>(config().num(Param::peer_port)),
-                   {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, err);
+      auto r = race(ips, static_cast<int>(config().num(Param::peer_port)),
+                    {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 1000, &k, err);
       if (r && r->value("port", 0) > 0) {
         port = r->value("port", 0);
         std::lock_guard g(b->mu);
@@ -1163,14 +1193,10 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
       }
     }
     if (port) {
-      auto r = peer::call(ip, port, peer::job_key_from(config().str(Param::job_key)), req, 500, err);
-      if (r) {
-        std::lock_guard g(b->mu);
-        b->peer_good = k;
-        return r;
-      }
+      auto r = race(ips, port, req, 1000, &k, err);
+      if (r) return r;
     }
-    if (k + 1 == ips.size()) usleep(20 * 1000);
+    usleep(20 * 1000);
   }
   return std::nullopt;
 }
@@ -1228,7 +1254,7 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
 // Stops the path: its QP to the error state and then RESET (so the device
 // makes no more completions for it), and every completion it made polled.
 // Under b->move_mu.
-bool quiesce_path(Bundle* b, int i, std::string* err) {
+bool quiesce_path(Bundle* b, int i, std::string* err, bool then_drain = true) {
   {
     std::lock_guard l(b->lk);
     After a;
@@ -1243,7 +1269,7 @@ bool quiesce_path(Bundle* b, int i, std::string* err) {
     *err = std::string("shadow to RESET: ") + strerror(errno);
     return false;
   }
-  drain(b);
+  if (then_drain) drain(b);
   return true;
 }
 
@@ -1303,50 +1329,82 @@ std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms) {
   return ok;
 }
 
-bool renew_path(Bundle* b, int i, std::string* err) {
-  if (!quiesce_path(b, i, err)) return false;
-  Path& p = b->paths[i];
-  if (!reset_half(b, p, err)) return false;
-  auto r = ask_peer(b, {{"cmd", "path-renew"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"path", i},
-                        {"psn", p.psn}},
-                    3000, err);
-  if (!r || !r->contains("psn")) {
-    if (r) *err = r->dump();
-    return false;
+void event_up(Bundle* b, int i) {
+  uint32_t port;
+  {
+    std::lock_guard l(b->lk);
+    port = 0xC000 | b->paths[i].flow_label;
   }
-  p.remote_psn = r->value("psn", 0u) & 0xffffff;
-  if (!connect_shadow(b, p, err)) return false;
-  back_in_service(b, i);
-  log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i,
-            0xC000 | p.flow_label);
+  log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i, port);
   telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
                                {"qpn", b->pqp->qp_num},
                                {"path", i},
-                               {"udp_sport", 0xC000 | p.flow_label}});
-  return true;
+                               {"udp_sport", port}});
+}
+
+// Renews the given failed paths together (one exchange with the peer).
+// Returns those back in service.
+std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::string* err) {
+  std::vector<int> ready;
+  for (int i : want)
+    if (quiesce_path(b, i, err, false)) ready.push_back(i);
+  if (ready.empty()) return ready;
+  drain(b);
+  json list = json::array();
+  std::vector<int> reset;
+  for (int i : ready)
+    if (reset_half(b, b->paths[i], err)) {
+      reset.push_back(i);
+      list.push_back({{"path", i}, {"psn", b->paths[i].psn}});
+    }
+  std::vector<int> done;
+  if (reset.empty()) return done;
+  auto r = ask_peer(b, {{"cmd", "path-renew"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"paths", list}}, 3000,
+                    err);
+  if (!r || !r->contains("psns") || !(*r)["psns"].is_array()) {
+    if (r) *err = r->dump();
+    return done;
+  }
+  for (const auto& x : (*r)["psns"]) {
+    int i = x.value("path", -1);
+    if (std::find(reset.begin(), reset.end(), i) == reset.end()) continue;
+    Path& p = b->paths[i];
+    p.remote_psn = x.value("psn", 0u) & 0xffffff;
+    if (!connect_shadow(b, p, err)) continue;
+    back_in_service(b, i);
+    event_up(b, i);
+    done.push_back(i);
+  }
+  if (done.size() < reset.size() && err->empty()) *err = "the peer renewed only some: " + r->dump();
+  return done;
 }
 
 json answer_path_renew(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
-  int i = req.value("path", -1);
-  if (i < 0 || i >= static_cast<int>(b->paths.size())) return {{"error", "no such path"}};
   std::lock_guard m(b->move_mu);
-  {
+  std::vector<std::pair<int, uint32_t>> want;
+  for (const auto& x : req.value("paths", json::array())) {
+    int i = x.is_object() ? x.value("path", -1) : -1;
     std::lock_guard l(b->lk);
-    if (i == b->carrier) return {{"error", "that path carries two-sided work here"}};
+    if (i >= 0 && i < static_cast<int>(b->paths.size()) && i != b->carrier)
+      want.emplace_back(i, x.value("psn", 0u) & 0xffffff);
   }
   std::string err;
-  if (!quiesce_path(b, i, &err)) return {{"error", err}};
-  Path& p = b->paths[i];
-  p.remote_psn = req.value("psn", 0u) & 0xffffff;
-  if (!reset_half(b, p, &err) || !connect_shadow(b, p, &err)) return {{"error", err}};
-  back_in_service(b, i);
-  telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
-                               {"qpn", b->pqp->qp_num},
-                               {"path", i},
-                               {"udp_sport", 0xC000 | p.flow_label}});
-  return {{"psn", p.psn}};
+  std::vector<std::pair<int, uint32_t>> ready;
+  for (auto [i, psn] : want)
+    if (quiesce_path(b, i, &err, false)) ready.emplace_back(i, psn);
+  if (!ready.empty()) drain(b);
+  json psns = json::array();
+  for (auto [i, psn] : ready) {
+    Path& p = b->paths[i];
+    p.remote_psn = psn;
+    if (!reset_half(b, p, &err) || !connect_shadow(b, p, &err)) continue;
+    back_in_service(b, i);
+    event_up(b, i);
+    psns.push_back({{"path", i}, {"psn", p.psn}});
+  }
+  return {{"psns", psns}};
 }
 
 // Moves two-sided work off a failed carrier (the deciding side). Returns
@@ -1484,6 +1542,7 @@ void run_worker(Bundle* b) {
         return;
       }
     }
+    std::vector<int> due_now;
     for (int i : down) {
       if (!was_down[i]) {  // a new failure: when to try again
         was_down[i] = true;
@@ -1491,9 +1550,13 @@ void run_worker(Bundle* b) {
         while (!fails[i].empty() && now - fails[i].front() > 60000) fails[i].pop_front();
         due[i] = now + (fails[i].size() >= 3 ? cap : backoff[i]);
       }
-      if (now < due[i]) continue;
-      std::string err;
-      if (renew_path(b, i, &err)) {
+      if (now >= due[i]) due_now.push_back(i);
+    }
+    if (due_now.empty()) continue;
+    std::string err;
+    std::vector<int> back = renew_paths(b, due_now, &err);
+    for (int i : due_now) {
+      if (std::find(back.begin(), back.end(), i) != back.end()) {
         was_down[i] = false;
         backoff[i] = 100;
       } else {
