@@ -36,7 +36,7 @@ KEY=bench-$$
 # pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
 job() {
   local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
-  [ "$with" = shunt ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8
+  [ "$with" = shunt ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8
     SHUNT_PATH_DEAD_MS=8000)  # queues of up to 1 s: no path is declared dead for that
   local boot
   boot=$(fab addr "$a" r0)

@@ -892,6 +892,8 @@ int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
   if (two_sided(w->opcode)) {
     if (b->moving || P(b, b->carrier).down) return kWait;
     target = b->carrier;
+  } else if (!b->flowlet && !b->moving && usable(P(b, b->carrier))) {
+    target = b->carrier;  // pin: with the two-sided work, never fenced
   } else {
     if (b->flowlet && (b->last == kPrimary || drained(P(b, b->last)))) b->cur = next_flowlet_path(b);
     if (b->cur < 0 || !usable(b->paths[b->cur])) b->cur = next_live(b, b->cur < 0 ? 0 : b->cur);
@@ -1538,7 +1540,10 @@ void run_worker(Bundle* b) {
       if (do_move(b)) {
         move_since = 0;
       } else if (now - move_since > hold) {
-        give_up(b, "no path came back within SHUNT_HOLD_MS (" + std::to_string(hold) + " ms)");
+        std::string why = "no path came back within SHUNT_HOLD_MS (" + std::to_string(hold) + " ms)", err;
+        give_up(b, why);
+        // The other end holds its work too: it gives up with this side.
+        ask_peer(b, {{"cmd", "bundle-give-up"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"why", why}}, 3000, &err);
         return;
       }
     }
@@ -1958,6 +1963,12 @@ json answer(const json& req, const std::string& cmd) {
     if (cmd == "bundle-join") return answer_join(req);
     if (cmd == "bundle-activate") return answer_activate(req);
     if (cmd == "bundle-abort") return answer_abort(req);
+    if (cmd == "bundle-give-up") {
+      Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+      if (!b) return {{"error", "no such QP"}};
+      std::thread(give_up, b, "the peer's shim gave up: " + req.value("why", std::string("?"))).detach();
+      return {{"ok", true}};
+    }
     if (cmd == "carrier-down") return answer_carrier_down(req);
     if (cmd == "carrier-prepare") return answer_carrier_prepare(req);
     if (cmd == "carrier-commit") return answer_carrier_commit(req);
@@ -1992,6 +2003,8 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
   track_shadows(b);
   r->bundle.store(b, std::memory_order_release);
   activate(b);
+  std::lock_guard l(b->lk);
+  b->flowlet = true;  // the spreading data path, whatever SHUNT_SPREAD says
   return b;
 }
 

@@ -25,7 +25,7 @@ KEY=bundle-test-key-$$
 # run NAME HOST [VAR=VALUE...] CMD...: CMD under the preload in active mode
 run() {
   local name=$1 host=$2; shift 2
-  fab exec "$host" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" \
+  fab exec "$host" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_JOB_KEY="$KEY" \
     SHUNT_PATHS_PER_RAIL=4 SHUNT_LOG_LEVEL=info SHUNT_STATS_FILE="/tmp/$name.json" "$@"
 }
 stats() { fab exec "$1" -- cat "/tmp/$2.json" > "$TMP/$2.json" || fail "no stats $2 on $1"; }
@@ -174,7 +174,7 @@ limit -1 2 2
 
 note "no job key: no bundle at all (nothing to authenticate the peer with)"
 nokey() {
-  fab exec "$1" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_LOG_LEVEL=info \
+  fab exec "$1" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_LOG_LEVEL=info \
     SHUNT_STATS_FILE="/tmp/$2.json" ib_write_bw -d rxe0 -x "$gid" -n 500 "${@:3}"
 }
 nokey h2 nokey-srv > "$TMP/srv.out" 2>&1 &

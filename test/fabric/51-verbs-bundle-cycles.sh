@@ -11,7 +11,7 @@ need_guests
 PROG=$B/test/bundle_cycles
 [ -x "$PROG" ] || fail "no $PROG (make)"
 up --hosts 1 --rails 1 --spines 1
-gexec h1 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY=cycles-$$ SHUNT_PATHS_PER_RAIL=4 \
+gexec h1 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_JOB_KEY=cycles-$$ SHUNT_PATHS_PER_RAIL=4 \
   SHUNT_LOG_LEVEL=info SHUNT_STATS_FILE=/tmp/cycles.json "$PROG" rxe0 1 15 40 1500 > "$TMP/out" 2>&1 ||
   { cat "$TMP/out"; fail "bundle_cycles failed"; }
 cat "$TMP/out" | grep -v "shunt info: peer channel\|host agent\|metrics:"

@@ -31,7 +31,7 @@ done
 
 # rank R on host H (address A)
 rank() {
-  fab exec "$2" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=4 \
+  fab exec "$2" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=4 \
     SHUNT_PROBE_ADDRS="$3" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_LOG_LEVEL=info SHUNT_STATS_FILE="/tmp/p$1.json" \
     "$BENCH" --rank "$1" --world 2 --bootstrap "$a1:29911" --transport verbs -d rxe0 --verb write_imm \
     -b 1M -e 1M --duration 25 -w 1 -c 1 --seg 256K > "$TMP/rank$1.out" 2>&1

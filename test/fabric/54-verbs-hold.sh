@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# timeout: 500
+# When every path of a bundle is down (h1's only rail-0 link black-holed:
+# bundles do not span rails yet), shunt holds the job's work: a 6 s outage
+# passes with no error seen by the application (paths are renewed once the
+# link is back), while with SHUNT_HOLD_MS=2000 an outage for good gives the
+# application its error, with a log line saying why, instead of a hang.
+. "$(dirname "$0")/lib.sh"
+need_guests
+BENCH=$B/bin/shunt-bench
+up --hosts 2 --rails 2 --spines 2
+boot=$(fab addr h1 r1):29914  # the job's bootstrap and the shims' channel can ride rail 1
+KEY=hold-$$
+
+# run TAG HOLD_MS OUTAGE_S(0: for good): rank exit codes in $TMP/TAG.rc
+run() {
+  local tag=$1 hold=$2 outage=$3 r pids=()
+  for r in 1 0; do
+    local extra=()
+    [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
+    fab exec h$((r + 1)) -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" \
+      SHUNT_HOLD_MS="$hold" SHUNT_STATS_FILE=/tmp/$tag-stats.json "$BENCH" --rank $r --world 2 \
+      --bootstrap "$boot" --transport verbs -d rxe0 --verb send -b 256K -e 256K -w 2 -c 1 --seg 64K \
+      --duration 20 --stall-timeout 40 --retry-cnt 6 --qp-timeout 14 "${extra[@]}" > "$TMP/$tag.rank$r.out" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
+  sleep 3
+  fab fault blackhole h1-r0 >/dev/null || fail "blackhole"
+  if [ "$outage" != 0 ]; then
+    sleep "$outage"
+    fab fault unblackhole h1-r0 >/dev/null || fail "unblackhole"
+  fi
+  local rc=0 p t0=$SECONDS
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  echo "$tag: exit $rc after $((SECONDS - t0)) s more"
+  echo $rc > "$TMP/$tag.rc"
+  fab fault unblackhole h1-r0 >/dev/null 2>&1
+}
+
+note "6 s outage of h1's rail 0, default hold"
+run outage 45000 6
+grep -hE "moved|no path" "$TMP"/outage.rank*.out | head -6
+[ "$(cat $TMP/outage.rc)" = 0 ] || { cat "$TMP/outage.rank0.out"; fail "the job did not survive the outage"; }
+grep -qE "^# Errors seen +: 0$" "$TMP/outage.rank0.out" || { cat "$TMP/outage.rank0.out"; fail "errors seen"; }
+awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/outage.rank0.out" ||
+  fail "#wrong is not 0"
+grep -q "moved" "$TMP/outage.rank0.out" || fail "the application's QP never failed over (the fault missed it?)"
+
+note "rail 0 down for good, SHUNT_HOLD_MS=2000"
+run forever 2000 0
+grep -h "no path can carry" "$TMP"/forever.rank*.out | head -2
+[ "$(cat $TMP/forever.rc)" != 0 ] || fail "the job survived a rail down for good: nothing was tested"
+grep -q "no path came back within SHUNT_HOLD_MS" "$TMP"/forever.rank*.out ||
+  { cat "$TMP/forever.rank0.out"; fail "no line saying why the application got its error"; }
+grep -qE "shunt-bench: rank [01]: error: verbs: .*(failed|flush)" "$TMP"/forever.rank*.out ||
+  { cat "$TMP/forever.rank0.out"; fail "the application did not get an error completion"; }
+echo "ok: a whole-rail outage is held through, and one for good ends in the application's own error"
