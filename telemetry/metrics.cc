@@ -64,7 +64,7 @@ void declare(Exposition& x) {
   x.family("shunt_socket_accepts_total", "counter", "Connections accepted on a listening socket.");
   x.family("shunt_socket_subflows", "gauge", "MPTCP subflows of a process's open sockets (0 for plain TCP).");
   x.family("shunt_bundles", "gauge", "Multipath bundles of a process, by state (up, degraded, fallback).");
-  x.family("shunt_failovers_total", "counter", "Traffic moved off a failed path.");
+  x.family("shunt_failovers_total", "counter", "Two-sided work of a bundle moved off a failed path (failover events).");
   x.family("shunt_failbacks_total", "counter", "Traffic moved back to a recovered path.");
   x.family("shunt_replays_total", "counter", "Work requests replayed on another path after a failure.");
   x.family("shunt_events_total", "counter", "Events recorded (logged or not), by type.");
@@ -158,7 +158,7 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   json ev = m.value("events", json::object());
   x.add("shunt_failovers_total", p, u64(ev, "failover"));
   x.add("shunt_failbacks_total", p, u64(ev, "failback"));
-  x.add("shunt_replays_total", p, u64(ev, "replay"));
+  x.add("shunt_replays_total", p, u64(m, "replays"));
   for (auto& [type, n] : ev.items())
     if (n.is_number()) x.add("shunt_events_total", with(p, {{"type", type}}), n.get<uint64_t>());
   x.add("shunt_events_dropped_total", p, u64(m, "events_dropped"));

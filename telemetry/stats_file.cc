@@ -102,7 +102,8 @@ json stats_json() {
                        {"async_events", verbs::get(c.async_events)},
                        {"untracked_qps", qp_stats(c.untracked)}});
   });
-  json qps = json::array();
+  json qps = json::array(), bundles = json::array();
+  uint64_t replays = 0;
   verbs::for_each_qp([&](const verbs::QpRecord& r) {
     json q = qp_stats(r.s);
     q["device"] = r.device;
@@ -111,7 +112,17 @@ json stats_json() {
     q["extended"] = r.extended;
     q["destroyed"] = r.destroyed.load();
     if (r.shadow_of) q["shadow_of"] = r.primary_qpn;
-    if (auto bj = verbs::bundle_json(r); !bj.is_null()) q["bundle"] = std::move(bj);
+    if (auto bj = verbs::bundle_json(r); !bj.is_null()) {
+      // up: every path in service; degraded: some failed (or the
+      // application's QP was moved off); fallback: primary-only or given up
+      bool degraded = bj.value("primary_down", false);
+      for (const auto& pj : bj["paths"]) degraded |= pj.value("down", false);
+      if (!r.destroyed.load())
+        bundles.push_back({{"qpn", r.qpn},
+                           {"state", !bj.value("active", false) ? "fallback" : degraded ? "degraded" : "up"}});
+      replays += bj.value("replayed", uint64_t{0});
+      q["bundle"] = std::move(bj);
+    }
     qps.push_back(std::move(q));
   });
   json socks = json::array();
@@ -137,6 +148,8 @@ json stats_json() {
           {"forks", sock::fork_count()},
           {"verbs", {{"calls", calls}, {"devices", devices}, {"qps", qps}}},
           {"sockets", socks},
+          {"bundles", bundles},
+          {"replays", replays},
           {"job", job_id()},
           {"rank", rank()},
           {"events", event_counts()},

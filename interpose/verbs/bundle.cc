@@ -82,6 +82,11 @@ struct Copy {
   ibv_sge sge[4]{};
   std::vector<ibv_sge> more;
   std::vector<char> inl;
+  uint64_t bytes() const {
+    uint64_t n = 0;
+    for (int i = 0; i < wr.num_sge; i++) n += (more.empty() ? sge[i] : more[i]).length;
+    return n;
+  }
   uint64_t seq = 0;   // the path's WR number
   uint64_t cseq = 0;  // the message number of a WR that consumes a receive; 0: none (yet)
   bool posted = false;  // posted once before (a replay keeps its cseq)
@@ -225,7 +230,7 @@ struct Bundle {
   int rcarrier = kPrimary;  // where receives go; kNone while they move
   int pending_from = kPrimary;  // the old carrier of a move the peer prepared
   // Failover counters.
-  uint64_t failovers = 0, replayed = 0, synthesized = 0, swallowed = 0, moves = 0;
+  uint64_t failovers = 0, replayed = 0, replayed_bytes = 0, synthesized = 0, swallowed = 0, moves = 0;
 };
 
 namespace {
@@ -938,7 +943,10 @@ struct After {
 // no WR that the peer can observe has followed it (the fence).
 void replay_local(Bundle* b, int pi) {
   Path& p = P(b, pi);
-  for (size_t i = p.infl.size(); i-- > 0;) b->held.push_front() = std::move(p.infl[i]);
+  for (size_t i = p.infl.size(); i-- > 0;) {
+    b->replayed_bytes += p.infl[i].bytes();
+    b->held.push_front() = std::move(p.infl[i]);
+  }
   b->replayed += p.infl.size();
   p.infl.clear();
   p.signaled.clear();
@@ -1056,6 +1064,7 @@ bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info)
       atomics++;
       continue;
     }
+    b->replayed_bytes += o.infl[i].bytes();
     b->held.push_front() = std::move(o.infl[i]);
     again++;
   }
@@ -1929,6 +1938,7 @@ json bundle_json(const QpRecord& r) {
           {"failovers", b->failovers},
           {"moves", b->moves},
           {"replayed", b->replayed},
+          {"replayed_bytes", b->replayed_bytes},
           {"completions_owed", b->synthesized},
           {"errors_hidden", b->swallowed}};
 }

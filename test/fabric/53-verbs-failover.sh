@@ -63,6 +63,8 @@ run() {
   sleep 12
   ip netns exec "$leaf" nft flush chain ip t53 cut
   fab fault unblackhole l1r0-s1 >/dev/null || fail "unblackhole"
+  # the host agent's metrics, while the job still runs
+  [ "$mode" = with ] && fab exec h1 -- curl -sS -m 5 http://127.0.0.1:9471/metrics > "$TMP/$tag.metrics" 2>&1
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   echo $rc > "$TMP/$tag.rc"
@@ -96,10 +98,14 @@ for verb in write_imm send; do
   echo "$verb: h1 sent $(b 0 messages_sent), h2 received $(b 1 messages_received);" \
     "h2 sent $(b 1 messages_sent), h1 received $(b 0 messages_received);" \
     "failovers $(b 0 failovers)/$(b 1 failovers), moves $(b 0 moves)/$(b 1 moves)," \
-    "replayed $(b 0 replayed)/$(b 1 replayed), errors hidden $(b 0 errors_hidden)/$(b 1 errors_hidden)"
+    "replayed $(b 0 replayed)/$(b 1 replayed) WRs, $(b 0 replayed_bytes)/$(b 1 replayed_bytes) bytes, errors hidden $(b 0 errors_hidden)/$(b 1 errors_hidden)"
   [ "$(b 0 messages_sent)" = "$(b 1 messages_received)" ] || fail "$verb: h1's messages not all received once"
   [ "$(b 1 messages_sent)" = "$(b 0 messages_received)" ] || fail "$verb: h2's messages not all received once"
   [ "$(b 0 moves)" -ge 1 ] || fail "$verb: the application's QP never failed over (the fault missed it?)"
   [ "$(b 0 primary_down)" = True ] || fail "$verb: the application's QP was not taken out of service"
+  grep -E '^shunt_(failovers_total|replays_total|bundles)\{' "$TMP/$tag.metrics" | grep -v ' 0$' | head -4
+  grep -qE '^shunt_failovers_total\{.*\} [1-9]' "$TMP/$tag.metrics" || { grep -E "^shunt_(failovers|bundles|events_total|processes)" "$TMP/$tag.metrics" | head -20; tail -c 600 "$TMP/$tag.metrics"; fail "$verb: no failover in the agent's metrics"; }
+  grep -qE '^shunt_bundles\{.*state="degraded".*\} [1-9]' "$TMP/$tag.metrics" ||
+    fail "$verb: the agent's metrics show no degraded bundle"
 done
 echo "ok: the job survived a black-holed spine, every message exactly once"
