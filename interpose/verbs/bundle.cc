@@ -226,7 +226,6 @@ struct Bundle {
   bool moving = false, gave_up = false, need_move = false;
   uint64_t cseq = 0, consumed = 0;
   Ring<RecvCopy> recvs;
-  size_t recvs_posted = 0;  // how many of recvs are on the carrier's receive queue
   int rcarrier = kPrimary;  // where receives go; kNone while they move
   int pending_from = kPrimary;  // the old carrier of a move the peer prepared
   // Failover counters.
@@ -934,7 +933,6 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
 // threads: never under the spin lock).
 struct After {
   std::vector<std::pair<int, int>> down;  // (path, wc status)
-  bool move = false;
 };
 
 // A path's WRs after its last known completion go back to the front of the
@@ -964,7 +962,6 @@ void path_failed(Bundle* b, int pi, int status, After* a) {
   if (pi == b->carrier && !b->moving) {
     b->moving = true;  // two-sided work waits for the peer's agreement
     b->need_move = true;
-    a->move = true;
   } else if (pi != b->carrier) {
     replay_local(b, pi);
   }
@@ -1030,7 +1027,6 @@ int64_t move_receives(Bundle* b, int to) {
       return -1;
     }
   }
-  b->recvs_posted = b->recvs.size();
   b->rcarrier = to;
   return static_cast<int64_t>(b->consumed);
 }
@@ -1262,10 +1258,10 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   return true;
 }
 
-// Stops the path: its QP to the error state and then RESET (so the device
-// makes no more completions for it), and every completion it made polled.
-// Under b->move_mu.
-bool quiesce_path(Bundle* b, int i, std::string* err, bool then_drain = true) {
+// Stops the path: its QP to the error state and then RESET, so the device
+// makes no more completions for it; the caller then drains the CQs once
+// for all the paths it stopped. Under b->move_mu.
+bool quiesce_path(Bundle* b, int i, std::string* err) {
   {
     std::lock_guard l(b->lk);
     After a;
@@ -1280,7 +1276,6 @@ bool quiesce_path(Bundle* b, int i, std::string* err, bool then_drain = true) {
     *err = std::string("shadow to RESET: ") + strerror(errno);
     return false;
   }
-  if (then_drain) drain(b);
   return true;
 }
 
@@ -1358,7 +1353,7 @@ void event_up(Bundle* b, int i) {
 std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::string* err) {
   std::vector<int> ready;
   for (int i : want)
-    if (quiesce_path(b, i, err, false)) ready.push_back(i);
+    if (quiesce_path(b, i, err)) ready.push_back(i);
   if (ready.empty()) return ready;
   drain(b);
   json list = json::array();
@@ -1404,7 +1399,7 @@ json answer_path_renew(const json& req) {
   std::string err;
   std::vector<std::pair<int, uint32_t>> ready;
   for (auto [i, psn] : want)
-    if (quiesce_path(b, i, &err, false)) ready.emplace_back(i, psn);
+    if (quiesce_path(b, i, &err)) ready.emplace_back(i, psn);
   if (!ready.empty()) drain(b);
   json psns = json::array();
   for (auto [i, psn] : ready) {
@@ -1819,7 +1814,6 @@ int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, i
     for (ibv_recv_wr* w = wr; w && w != *bad; w = w->next) ok++;
     while (b->recvs.size() > before + ok) b->recvs.pop_back();
   }
-  b->recvs_posted = b->recvs.size();
   return rc;
 }
 
@@ -1854,7 +1848,6 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       } else if (wc[i].opcode & IBV_WC_RECV) {
         if (b->tracking.load(std::memory_order_relaxed)) {
           if (!b->recvs.empty()) b->recvs.pop_front();
-          if (b->recvs_posted) b->recvs_posted--;
           b->consumed++;
         }
       } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
