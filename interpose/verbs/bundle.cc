@@ -935,22 +935,39 @@ struct After {
   std::vector<std::pair<int, int>> down;  // (path, wc status)
 };
 
-// A path's WRs after its last known completion go back to the front of the
-// held queue, in order, and are posted again on live paths. A one-sided WR
-// may have executed already: WRITE and READ are simply executed again, and
-// no WR that the peer can observe has followed it (the fence).
-void replay_local(Bundle* b, int pi) {
+// The path's WRs in flight from index `from` on go back to the front of the
+// held queue, in order, to be posted again on live paths; an atomic gets
+// its error instead (it may have executed). Then the path has nothing in
+// flight. Returns how many WRs are to be posted again. Under b->lk.
+size_t requeue(Bundle* b, int pi, size_t from) {
   Path& p = P(b, pi);
-  for (size_t i = p.infl.size(); i-- > 0;) {
+  size_t again = 0, atomics = 0;
+  for (size_t i = p.infl.size(); i-- > from;) {
+    ibv_wr_opcode op = p.infl[i].wr.opcode;
+    if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      owe(b, p.infl[i], IBV_WC_RETRY_EXC_ERR);
+      atomics++;
+      continue;
+    }
     b->replayed_bytes += p.infl[i].bytes();
     b->held.push_front() = std::move(p.infl[i]);
+    again++;
   }
-  b->replayed += p.infl.size();
+  if (atomics)
+    log::warn("{} QP {}: {} atomic WRs were in flight on the failed path; they complete with an error (an atomic "
+              "may have executed, so it is never sent again)", b->ctx->device, b->pqp->qp_num, atomics);
+  b->replayed += again;
   p.infl.clear();
   p.signaled.clear();
   p.done = p.posted;
   if (b->last == pi) b->last = kPrimary;
+  return again;
 }
+
+// A shadow's WRs after its last known completion are posted again. A
+// one-sided WR may have executed already: WRITE and READ are simply
+// executed again, and no WR the peer can observe has followed it (the fence).
+void replay_local(Bundle* b, int pi) { requeue(b, pi, 0); }
 
 // A path failed (an error completion on it). Under b->lk.
 void path_failed(Bundle* b, int pi, int status, After* a) {
@@ -1048,30 +1065,10 @@ bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info)
                            " are not all known to shunt (posted before the bundle was active?)"}};
     return false;
   }
-  uint64_t owed = 0, atomics = 0;
+  uint64_t owed = 0;
   for (size_t i = 0; i < cut; i++)
     if (signaled(b, o.infl[i].wr)) owe(b, o.infl[i], IBV_WC_SUCCESS), owed++;
-  size_t again = 0;
-  for (size_t i = o.infl.size(); i-- > cut;) {
-    ibv_wr_opcode op = o.infl[i].wr.opcode;
-    if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      // Nothing proves the peer did not execute it: its error, not a replay.
-      owe(b, o.infl[i], IBV_WC_RETRY_EXC_ERR);
-      atomics++;
-      continue;
-    }
-    b->replayed_bytes += o.infl[i].bytes();
-    b->held.push_front() = std::move(o.infl[i]);
-    again++;
-  }
-  if (atomics)
-    log::warn("{} QP {}: {} atomic WRs were in flight on the failed path; they complete with an error (an atomic "
-              "may have executed, so it is never sent again)", b->ctx->device, b->pqp->qp_num, atomics);
-  b->replayed += again;
-  o.infl.clear();
-  o.signaled.clear();
-  o.done = o.posted;
-  if (b->last == from) b->last = kPrimary;
+  size_t again = requeue(b, from, cut);
   b->carrier = to;
   // The new carrier may have failed while the two sides agreed on it: then
   // its work waits for the next move.
