@@ -154,6 +154,7 @@ struct Path {
   bool last_signaled = true;
   bool down = false;  // failed: not posted to until renewed; its errors never reach the application
   bool probation = false;  // renewed: used once its probe completed
+  int64_t probe_ms = 0;    // when its probe went out
   uint32_t gen = 0;        // renewals (each with a new flow label)
   uint64_t wrs = 0, bytes = 0;
   // Flowlet timing: from the first WR after a drain to the next drain.
@@ -206,6 +207,7 @@ struct Bundle {
   std::mutex wmu;  // the failover worker's wake-ups
   std::condition_variable wcv;
   bool wake = false, worker = false;
+  std::atomic<bool> worker_exited{false};
   // Data path.
   std::atomic<bool> active{false};
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
@@ -555,6 +557,7 @@ bool initiates(const Bundle* b) {
 }
 
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
+void wake_worker(Bundle* b);
 
 void run_setup(Bundle* b) {
   ReentryGuard guard;
@@ -856,6 +859,8 @@ void fence(Bundle* b, ContextRecord* c, int path) {
   p.last_signaled = true;
   b->fences++;
 }
+
+constexpr size_t kMaxHeld = 16384;  // a QP whose depth shunt did not see
 
 void hold(Bundle* b, const ibv_send_wr* w) {
   Copy& h = b->held.push();
@@ -1281,6 +1286,7 @@ bool quiesce_path(Bundle* b, int i, std::string* err) {
 void probe(Bundle* b, int i) {
   Path& p = b->paths[i];
   p.probation = true;
+  p.probe_ms = mono_ms();
   p.last_signaled = false;
   uint64_t before = p.posted;
   fence(b, b->ctx, i);
@@ -1311,6 +1317,21 @@ void probe_all(Bundle* b) {
   std::lock_guard l(b->lk);
   for (size_t i = 0; i < b->paths.size(); i++)
     if (usable(b->paths[i])) probe(b, static_cast<int>(i));
+}
+
+// A probe completes only when somebody polls its CQ, and a rank waiting on
+// its own bootstrap (TCP) polls nothing: without this, paths renewed while
+// the application is away stay on probation and a move finds no candidate
+// until SHUNT_HOLD_MS runs out. Shunt polls once a probe is overdue.
+constexpr int64_t kProbePollMs = 100;
+void poll_overdue_probes(Bundle* b) {
+  bool overdue = false;
+  {
+    std::lock_guard l(b->lk);
+    int64_t now = mono_ms();
+    for (const auto& p : b->paths) overdue |= !p.down && p.probation && now - p.probe_ms >= kProbePollMs;
+  }
+  if (overdue) drain(b);
 }
 
 // Probes the candidates and returns those that answered within ms, in the
@@ -1407,6 +1428,7 @@ json answer_path_renew(const json& req) {
     event_up(b, i);
     psns.push_back({{"path", i}, {"psn", p.psn}});
   }
+  if (!psns.empty()) wake_worker(b);  // polls their probes if the application does not
   return {{"psns", psns}};
 }
 
@@ -1478,6 +1500,10 @@ bool do_move(Bundle* b) {
 // times within a minute waits the longest (damping).
 void run_worker(Bundle* b) {
   ReentryGuard guard;
+  struct Exit {
+    Bundle* b;
+    ~Exit() { b->worker_exited.store(true); }
+  } exit{b};
   pthread_setname_np(pthread_self(), "shunt-failover");
   const bool decides = initiates(b);
   const int64_t cap = config().num(Param::path_retry_max_ms), hold = config().num(Param::hold_ms);
@@ -1506,6 +1532,7 @@ void run_worker(Bundle* b) {
         if (b->paths[i].down && static_cast<int>(i) != b->carrier) down.push_back(static_cast<int>(i));
     }
     if (gave_up) return;
+    poll_overdue_probes(b);
     if (down != seen_down) {  // a new failure: are the others behind the same fault?
       bool more = false;
       for (int i : down) more |= std::find(seen_down.begin(), seen_down.end(), i) == seen_down.end();
@@ -1624,6 +1651,7 @@ json answer_carrier_prepare(const json& req) {
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
   std::lock_guard m(b->move_mu);
   mark_down(b, b->ctx, req.value("down", json::array()));
+  poll_overdue_probes(b);
   int to = -1;
   uint64_t moves;
   {
@@ -1781,13 +1809,16 @@ int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, i
       }
     return 0;
   }
+  // What waits (behind a fence, or through a failover) is bounded as the
+  // application's send queue is: past its depth, a post fails as on a full queue.
+  const size_t cap = b->primary->max_send_wr ? b->primary->max_send_wr : kMaxHeld;
   for (ibv_send_wr* w = wr; w; w = w->next) {
-    if (!b->held.empty()) {
-      hold(b, w);
-      continue;
-    }
-    int target = route(b, c, w);
+    int target = b->held.empty() ? route(b, c, w) : kWait;
     if (target == kWait) {
+      if (b->held.size() >= cap) {
+        *bad = w;
+        return ENOMEM;
+      }
       hold(b, w);
       continue;
     }
@@ -2011,17 +2042,42 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
 void bundle_detach_for_test(QpRecord* r) {
   Bundle* b = r->bundle.load();
   if (!b) return;
-  std::lock_guard g(b->mu);
-  std::lock_guard l(b->lk);
-  b->dead = true;
-  b->active.store(false);
-  b->tracking.store(false);
-  for (auto& p : b->paths) {
-    if (p.rec) g_shadow_qps.fetch_sub(1);
-    untrack_qp(p.qp);
+  {
+    std::lock_guard g(b->mu);
+    std::lock_guard l(b->lk);
+    b->dead = true;
+    b->active.store(false);
+    b->tracking.store(false);
+    for (auto& p : b->paths) {
+      if (p.rec) g_shadow_qps.fetch_sub(1);
+      untrack_qp(p.qp);
+    }
+    g_shadow_qps.fetch_sub(1);
+    r->bundle.store(nullptr);
   }
-  g_shadow_qps.fetch_sub(1);
-  r->bundle.store(nullptr);
+  bool worker;
+  {
+    std::lock_guard w(b->wmu);
+    worker = b->worker;
+  }
+  // The worker sees `dead` within one of its 50 ms waits; the test's QPs and
+  // CQs must outlive its last drain.
+  for (int i = 0; worker && i < 400 && !b->worker_exited.load(); i++) usleep(5000);
+}
+
+void bundle_probe_for_test(QpRecord* r, int path) {
+  Bundle* b = r->bundle.load();
+  {
+    std::lock_guard l(b->lk);
+    probe(b, path);
+  }
+  wake_worker(b);
+}
+
+bool bundle_probation_for_test(QpRecord* r, int path) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard l(b->lk);
+  return b->paths[path].probation;
 }
 
 int bundle_carrier_for_test(QpRecord* r) {

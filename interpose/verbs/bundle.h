@@ -75,5 +75,8 @@ int bundle_carrier_for_test(QpRecord* r);
 // The second half of a carrier move, with the peer's count of consumed
 // messages given: what is replayed, what completions are owed.
 bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
+// Shunt's probe on a path (as after a renewal), and whether it is still out.
+void bundle_probe_for_test(QpRecord* r, int path);
+bool bundle_probation_for_test(QpRecord* r, int path);
 
 }  // namespace shunt::verbs

@@ -37,7 +37,11 @@ ibv_qp* create_qp_ex_hook(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
     log::once(LogLevel::info, "create_qp_ex",
               "ibv_create_qp_ex: extended QPs are counted for ibv_post_send but their ibv_wr_* "
               "calls pass through uncounted and get no multipath");
-    track_qp(qp, true);
+    QpRecord* r = track_qp(qp, true);
+    if (r) {
+      r->sq_sig_all = attr->sq_sig_all != 0;
+      r->max_send_wr = attr->cap.max_send_wr;
+    }
   }
   return qp;
 }
@@ -124,7 +128,10 @@ void on_open(ibv_context* ctx, const char* device) {
 void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr) {
   if (!qp || current_mode() == Mode::off) return;
   QpRecord* r = track_qp(qp, extended);
-  if (r && attr) r->sq_sig_all = attr->sq_sig_all != 0;
+  if (r && attr) {
+    r->sq_sig_all = attr->sq_sig_all != 0;
+    r->max_send_wr = attr->cap.max_send_wr;
+  }
 }
 
 QpRecord* track_qp(ibv_qp* qp, bool extended) {

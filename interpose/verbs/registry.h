@@ -43,6 +43,7 @@ struct QpRecord {
   std::atomic<bool> destroyed{false};
   std::atomic<int> state{IBV_QPS_RESET};
   bool sq_sig_all = false;
+  uint32_t max_send_wr = 0;  // as created; 0: not known
   // An application QP: its bundle, once shunt set out to build one.
   std::atomic<Bundle*> bundle{nullptr};
   // A shadow QP of a bundle (shunt's own): the bundle and the path index.

@@ -330,3 +330,54 @@ TEST(Bundle, AMoveRefusesWhenMessagesItCannotReplayWereNotConsumed) {
   // consumed none of them cannot be served exactly once.
   EXPECT_FALSE(bundle_move_sends_for_test(r.rec, 1, 0));
 }
+
+// A renewed path waits on probation until its probe completes; a rank that
+// sits in its own TCP bootstrap polls nothing, so shunt's failover worker
+// polls the CQ itself once the probe is overdue.
+TEST(Bundle, ProbesCompleteWhileTheApplicationDoesNotPoll) {
+  Rig r;
+  complete(501, 0);  // the device will answer the probe on path 0 (QP 501)
+  bundle_probe_for_test(r.rec, 0);
+  ASSERT_EQ(posted_on(501), 1u);
+  ASSERT_EQ(g_posted.back().bytes, 0u);
+  bool cleared = false;
+  for (int i = 0; i < 200 && !cleared; i++) {
+    usleep(10000);
+    cleared = !bundle_probation_for_test(r.rec, 0);
+  }
+  EXPECT_TRUE(cleared) << "nobody polled the probe's completion";
+  EXPECT_TRUE(r.poll().empty());  // the probe never shows
+}
+
+// WRs that wait (behind a fence here; through a failover in general) are
+// bounded by the application's send queue: past its depth a post fails with
+// ENOMEM at the WR that did not fit, as a full send queue does.
+TEST(Bundle, HeldWorkIsBoundedByTheApplicationsSendQueueDepth) {
+  Rig r;
+  r.rec->max_send_wr = 3;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1, buf), 0);  // on a shadow, unsignaled
+  for (uint64_t id = 2; id <= 4; id++) ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, id, buf), 0);
+  EXPECT_EQ(posted_on(500), 0u);  // all three wait behind the fence
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), 64, 1};
+  ibv_send_wr w[2]{};
+  for (int i = 0; i < 2; i++) {
+    w[i].opcode = IBV_WR_SEND;
+    w[i].send_flags = IBV_SEND_SIGNALED;
+    w[i].wr_id = 5 + i;
+    w[i].sg_list = &sge;
+    w[i].num_sge = 1;
+  }
+  w[0].next = &w[1];
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(&r.app, &w[0], &bad), ENOMEM);
+  EXPECT_EQ(bad, &w[0]);
+  // Once the fence clears, the three held SENDs go out in order, and there
+  // is room again.
+  uint32_t shadow = g_posted[0].qpn;
+  complete(shadow, 0);
+  EXPECT_TRUE(r.poll().empty());
+  ASSERT_EQ(posted_on(500), 3u);
+  EXPECT_EQ(ibv_post_send(&r.app, &w[0], &bad), 0);
+  EXPECT_EQ(posted_on(500), 5u);
+}
