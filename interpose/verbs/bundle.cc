@@ -25,6 +25,7 @@
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/peer/control.h"
+#include "interpose/verbs/retransmits.h"
 #include "telemetry/event_log.h"
 
 namespace shunt::verbs {
@@ -155,6 +156,9 @@ struct Path {
   bool down = false;  // failed: not posted to until renewed; its errors never reach the application
   bool probation = false;  // renewed: used once its probe completed
   int64_t probe_ms = 0;    // when its probe went out
+  // Stall watch: the last `done` it saw, and since when it has not moved.
+  uint64_t watch_done = 0;
+  int64_t watch_ms = 0;
   uint32_t gen = 0;        // renewals (each with a new flow label)
   uint64_t wrs = 0, bytes = 0;
   // Flowlet timing: from the first WR after a drain to the next drain.
@@ -558,6 +562,7 @@ bool initiates(const Bundle* b) {
 
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
 void wake_worker(Bundle* b);
+void start_stall_watch();
 
 void run_setup(Bundle* b) {
   ReentryGuard guard;
@@ -639,6 +644,7 @@ void run_setup(Bundle* b) {
       goto failed;
     }
     activate(b);
+    start_stall_watch();
     g.unlock();
     register_probe_paths(b);
     return;
@@ -721,6 +727,7 @@ json answer_activate(const json& req) {
     if (b->paths.empty()) return {{"error", "no shadows"}};
     if (b->active.load()) return {{"ok", true}};
     activate(b);
+    start_stall_watch();
   }
   register_probe_paths(b);
   return {{"ok", true}};
@@ -933,6 +940,8 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
 }
 
 // ---------------------------------------------------------------- failover
+
+constexpr int kStalled = -3;  // a path_failed status: the stall watch, not a completion
 
 // What the poll path decided under the lock, done after it (events,
 // threads: never under the spin lock).
@@ -1217,14 +1226,16 @@ void event_down(Bundle* b, const After& a) {
       std::lock_guard l(b->lk);
       sport = pi == kPrimary ? 0 : static_cast<int>(0xC000 | P(b, pi).flow_label);
     }
+    const char* why = st >= 0 ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
+                      : st == kStalled ? "stalled: nothing completed while the device retransmitted"
+                                       : "the peer saw it fail";
     log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
-              pi == kPrimary ? std::string("primary") : std::to_string(pi),
-              st >= 0 ? ibv_wc_status_str(static_cast<ibv_wc_status>(st)) : "the peer saw it fail");
+              pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
     telemetry::event("path_down", {{"device", static_cast<const char*>(b->ctx->device)},
                                    {"qpn", b->pqp->qp_num},
                                    {"path", pi},
                                    {"udp_sport", sport},
-                                   {"status", st >= 0 ? ibv_wc_status_str(static_cast<ibv_wc_status>(st)) : "peer"}});
+                                   {"status", st >= 0 ? why : st == kStalled ? "stalled" : "peer"}});
   }
 }
 
@@ -1613,6 +1624,83 @@ void wake_worker(Bundle* b) {
   if (start) std::thread(run_worker, b).detach();
 }
 
+// ---------------------------------------------------------------- stall watch
+
+// A QP that retries forever (retry count 7: rxe never gives up then, and
+// many applications ask for it) never reports a dead route with an error
+// completion; it just stops completing. A path with work in flight whose
+// last known completion has not moved for SHUNT_STALL_MS, while its port
+// retransmitted in that time, has failed like any other: its work moves.
+
+// The paths of b whose work has not progressed since `stall_ms` ago, with
+// a retransmission on the port since they last progressed. Under b->lk.
+std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, int64_t retx_ms) {
+  std::vector<int> out;
+  auto look = [&](Path& p, int pi) {
+    if (p.down || !p.qp) return;
+    if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
+      p.watch_done = p.done;
+      p.watch_ms = now;
+      return;
+    }
+    if (now - p.watch_ms >= stall_ms && retx_ms >= p.watch_ms) out.push_back(pi);
+  };
+  look(b->prim, kPrimary);
+  for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
+  return out;
+}
+
+// Fails the paths that stalled; a drain first takes in what the
+// application has not polled yet (a rank busy elsewhere is no dead route).
+// Returns how many failed. Under b->mu (so the bundle's QPs live).
+int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, int64_t retx_ms) {
+  {
+    std::lock_guard l(b->lk);
+    if (!b->active.load() || b->gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
+  }
+  drain(b);
+  After a;
+  {
+    std::lock_guard l(b->lk);
+    for (int pi : stalled_paths(b, now, stall_ms, retx_ms)) path_failed(b, pi, kStalled, &a);
+    flush_held(b, b->ctx);
+  }
+  if (a.down.empty()) return 0;
+  event_down(b, a);
+  wake_worker(b);
+  return static_cast<int>(a.down.size());
+}
+
+void run_stall_watch() {
+  ReentryGuard guard;
+  pthread_setname_np(pthread_self(), "shunt-stall");
+  const int64_t stall_ms = config().num(Param::stall_ms);
+  const int64_t tick = std::clamp<int64_t>(stall_ms / 4, 50, 1000);
+  RetransmitWatch retx;
+  for (;;) {
+    usleep(static_cast<useconds_t>(tick * 1000));
+    std::vector<Bundle*> all;
+    {
+      std::lock_guard g(g_mu);
+      if (g_bundles) all = *g_bundles;
+    }
+    int64_t now = mono_ms();
+    for (Bundle* b : all) {
+      std::lock_guard m(b->mu);
+      if (b->dead || !b->active.load()) continue;
+      check_stalls(b, now, stall_ms, retx.last_rise_ms(b->ctx->device, b->port, now));
+    }
+  }
+}
+
+// One watch per process (a forked child starts its own).
+void start_stall_watch() {
+  static std::atomic<pid_t> started{0};
+  pid_t me = getpid();
+  if (config().num(Param::stall_ms) == 0 || started.exchange(me) == me) return;
+  std::thread(run_stall_watch).detach();
+}
+
 json answer_carrier_down(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
@@ -1878,6 +1966,10 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           if (!b->recvs.empty()) b->recvs.pop_front();
           b->consumed++;
         }
+      } else if (p && p->down && !b->gave_up) {
+        // A late success on a path taken out of service without an error
+        // (a stall): its WRs are shunt's to replay or to owe, by their copies.
+        drop = true;
       } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
         kind = p->signaled.front().kind;
         if (kind == kProbe) p->probation = false;
@@ -2063,6 +2155,12 @@ void bundle_detach_for_test(QpRecord* r) {
   // The worker sees `dead` within one of its 50 ms waits; the test's QPs and
   // CQs must outlive its last drain.
   for (int i = 0; worker && i < 400 && !b->worker_exited.load(); i++) usleep(5000);
+}
+
+int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard m(b->mu);
+  return check_stalls(b, now_ms, stall_ms, retx_ms);
 }
 
 void bundle_probe_for_test(QpRecord* r, int path) {

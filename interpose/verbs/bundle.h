@@ -78,5 +78,8 @@ bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
 // Shunt's probe on a path (as after a renewal), and whether it is still out.
 void bundle_probe_for_test(QpRecord* r, int path);
 bool bundle_probation_for_test(QpRecord* r, int path);
+// One look of the stall watch at the bundle, at time now_ms, with the port's
+// last retransmission at retx_ms; returns how many paths it failed.
+int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms);
 
 }  // namespace shunt::verbs

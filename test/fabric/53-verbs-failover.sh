@@ -20,20 +20,8 @@ KEY=fo-$$
 
 leaf=sf-$NAME-l1r0
 a1=$(fab addr h1 r0)
-ip netns exec "$leaf" nft -f - <<EOF || fail "nft on the leaf"
-table ip t53 {
-  set seen { type inet_service; flags dynamic; }
-  chain learn { type filter hook forward priority -20; ip saddr $a1 udp dport 4791 add @seen { udp sport }; }
-  chain cut { type filter hook forward priority -30; }
-}
-EOF
-seen() {
-  ip netns exec "$leaf" nft -j list set ip t53 seen | python3 -c '
-import json, sys
-for x in json.load(sys.stdin)["nftables"]:
-    for e in x.get("set", {}).get("elem", []):
-        print(e if isinstance(e, int) else e.get("elem", {}).get("val", e))'
-}
+learn_sports t53 "$leaf" "$a1" || fail "nft on the leaf"
+seen() { seen_sports t53 "$leaf"; }
 
 # run TAG VERB MODE(with|without) [SPREAD]: the job, faulted 4 s in for 12 s
 run() {

@@ -86,3 +86,23 @@ pingpong_pair() {
   wait $srv || { cat "$TMP/srv.out"; fail "ibv_rc_pingpong server failed"; }
   grep -q "1638400 bytes in" "$TMP/cli.out" || fail "unexpected output: $(cat "$TMP/cli.out")"
 }
+
+# learn_sports TABLE LEAF ADDR: on router namespace LEAF, an nft table that
+# learns the UDP source ports of RoCE packets from ADDR (set `seen`) and a
+# chain `cut` for drop rules. seen_sports TABLE LEAF lists the ports learnt.
+learn_sports() {
+  ip netns exec "$2" nft -f - <<EOF
+table ip $1 {
+  set seen { type inet_service; flags dynamic; }
+  chain learn { type filter hook forward priority -20; ip saddr $3 udp dport 4791 add @seen { udp sport }; }
+  chain cut { type filter hook forward priority -30; }
+}
+EOF
+}
+seen_sports() {
+  ip netns exec "$2" nft -j list set ip "$1" seen | python3 -c '
+import json, sys
+for x in json.load(sys.stdin)["nftables"]:
+    for e in x.get("set", {}).get("elem", []):
+        print(e if isinstance(e, int) else e.get("elem", {}).get("val", e))'
+}

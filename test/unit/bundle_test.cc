@@ -381,3 +381,46 @@ TEST(Bundle, HeldWorkIsBoundedByTheApplicationsSendQueueDepth) {
   EXPECT_EQ(ibv_post_send(&r.app, &w[0], &bad), 0);
   EXPECT_EQ(posted_on(500), 5u);
 }
+
+// A path that retries forever never reports a dead route; the stall watch
+// fails it when nothing completed for the stall time while the port kept
+// retransmitting, and its work goes again on another path.
+TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  uint32_t stuck = g_posted[0].qpn;
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // first look
+  // Quiet for 2.5 s, but the port never retransmitted: a slow peer, no failure.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3500, 2000, -1), 0);
+  EXPECT_TRUE(g_posted.empty());
+  // It retransmitted within the stall: the path failed, the WRITE goes again elsewhere.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);
+  ASSERT_EQ(g_posted.size(), 1u);
+  EXPECT_NE(g_posted[0].qpn, stuck);
+  EXPECT_EQ(g_posted[0].wr_id, 1u);
+  // The stuck path's late completion never shows; the replay's does, once.
+  complete(stuck, 1);
+  complete(g_posted[0].qpn, 1);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+}
+
+// A completion the application has not polled yet is progress: the watch
+// polls before it decides (the rank may be busy elsewhere).
+TEST(Bundle, TheStallWatchPollsBeforeItDecides) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 7, buf), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
+  complete(g_posted[0].qpn, 7);  // done on the device, not yet polled
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3500, 2000, 3400), 0);
+  EXPECT_TRUE(g_posted.empty());
+  auto wc = r.poll();  // kept for the application
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 7u);
+}

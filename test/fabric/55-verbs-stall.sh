@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# timeout: 420
+# A dead route under a QP that retries forever: shunt-bench (send, -c 1,
+# retry count 7, which rdma_rxe retries without end) on 2 guests while h1's
+# leaf drops every packet of the job's own QP (its UDP source port, learnt
+# from the traffic; the shadows' ports pass). No error completion ever
+# comes: without libshunt the job hangs until its own stall timeout kills
+# it; with it, the stall watch sees the QP complete nothing while rxe
+# retransmits (SHUNT_STALL_MS), and both ends move their two-sided work to
+# a shadow. Checked: exit 0, #wrong 0, no error seen, every message
+# received once (both shims' counts), the move made for a stall.
+. "$(dirname "$0")/lib.sh"
+need_guests
+BENCH=$B/bin/shunt-bench
+up --hosts 2 --rails 2 --spines 2
+boot=$(fab addr h1 r1):29915  # the job's bootstrap rides rail 1; the fault is on rail 0
+KEY=stall-$$
+leaf=sf-$NAME-l1r0
+a1=$(fab addr h1 r0)
+learn_sports t55 "$leaf" "$a1" || fail "nft on the leaf"
+
+# run TAG MODE(with|without): the job, its own QP's packets dropped 3 s in
+run() {
+  local tag=$1 mode=$2 env=(env) r p pids=()
+  [ "$mode" = with ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_LOG_LEVEL=info
+    SHUNT_STALL_MS=2000 SHUNT_STATS_FILE=/tmp/$tag-stats.json)
+  ip netns exec "$leaf" nft flush set ip t55 seen
+  for r in 1 0; do
+    local extra=()
+    [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
+    fab exec h$((r + 1)) -- timeout 120 "${env[@]}" "$BENCH" --rank $r --world 2 --bootstrap "$boot" \
+      --transport verbs -d rxe0 --verb send -b 256K -e 256K -w 2 -c 1 --seg 64K --duration 16 \
+      --stall-timeout 15 --retry-cnt 7 --qp-timeout 14 "${extra[@]}" > "$TMP/$tag.rank$r.out" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
+  sleep 3
+  local shadows ports own=
+  shadows=$(sed -n 's/.*UDP source ports \([0-9,]*\)).*/\1/p' "$TMP/$tag.rank0.out" | tr ',' ' ')
+  ports=$(seen_sports t55 "$leaf")
+  for p in $ports; do [[ " $shadows " == *" $p "* ]] || own+="$p "; done
+  echo "$tag: h1's RoCE source ports $(echo $ports); shadows: ${shadows:-none}; the job's own QP: $own"
+  [ "$(echo $own | wc -w)" = 1 ] || fail "$tag: cannot tell the job's own QP's source port"
+  note "$tag: dropping every packet from h1's port $own until the job ends"
+  ip netns exec "$leaf" nft add rule ip t55 cut ip saddr "$a1" udp sport "$own" drop || fail "nft drop"
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  ip netns exec "$leaf" nft flush chain ip t55 cut
+  echo $rc > "$TMP/$tag.rc"
+}
+
+run base without
+echo "without libshunt: exit $(cat $TMP/base.rc)"
+grep -h "error" "$TMP"/base.rank*.out | head -3
+[ "$(cat $TMP/base.rc)" != 0 ] || fail "the job without libshunt survived: the fault missed it"
+grep -qh "no progress" "$TMP"/base.rank*.out || { cat "$TMP/base.rank0.out"; fail "without libshunt the job did not hang"; }
+
+run stall with
+for r in 0 1; do
+  out=$TMP/stall.rank$r.out
+  grep -E "stalled|moved|no path" "$out" | sed "s/^/  rank $r: /" | head -8
+  ! grep -q "shunt-bench: rank $r: error" "$out" || { cat "$out"; fail "rank $r saw an error"; }
+done
+out=$TMP/stall.rank0.out
+grep -qE "^# Errors seen +: 0$" "$out" || { cat "$out"; fail "errors seen"; }
+rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 9' "$out" | wc -l)
+awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
+  { cat "$out"; fail "#wrong is not 0 (or no result)"; }
+[ "$(cat $TMP/stall.rc)" = 0 ] || { cat "$TMP/stall.rank0.out" "$TMP/stall.rank1.out"; fail "the job failed with libshunt"; }
+grep -qh "stalled: nothing completed while the device retransmitted" "$TMP"/stall.rank*.out ||
+  fail "no path was failed for a stall"
+fab exec h1 -- cat /tmp/stall-stats.json > "$TMP/s0.json"
+fab exec h2 -- cat /tmp/stall-stats.json > "$TMP/s1.json"
+b() { jget "$TMP/s$1.json" "[q['bundle'] for q in d['verbs']['qps'] if q.get('bundle')][0]['$2']"; }
+echo "h1 sent $(b 0 messages_sent), h2 received $(b 1 messages_received);" \
+  "h2 sent $(b 1 messages_sent), h1 received $(b 0 messages_received); moves $(b 0 moves)/$(b 1 moves)"
+[ "$(b 0 messages_sent)" = "$(b 1 messages_received)" ] || fail "h1's messages not all received once"
+[ "$(b 1 messages_sent)" = "$(b 0 messages_received)" ] || fail "h2's messages not all received once"
+[ "$(b 0 moves)" -ge 1 ] || fail "the application's QP never moved"
+echo "ok: a QP that retries forever through a dead route moved on a stall, every message exactly once"
