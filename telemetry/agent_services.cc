@@ -139,7 +139,9 @@ int listen_on(const std::string& text) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: a client that goes between poll and accept must not park
+  // the loop in accept (the textfile would stop being written too).
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0) {
@@ -165,8 +167,7 @@ void metrics_loop(std::string addr, std::string textfile, int64_t interval_ms) {
     if (lfd >= 0) {
       pollfd p{lfd, POLLIN, 0};
       if (poll(&p, 1, 100) > 0) {
-        int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0) {
+        for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
           answer_http(c);
           ::close(c);
         }

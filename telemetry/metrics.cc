@@ -64,6 +64,12 @@ void declare(Exposition& x) {
   x.family("shunt_socket_accepts_total", "counter", "Connections accepted on a listening socket.");
   x.family("shunt_socket_subflows", "gauge", "MPTCP subflows of a process's open sockets (0 for plain TCP).");
   x.family("shunt_bundles", "gauge", "Multipath bundles of a process, by state (up, degraded, fallback).");
+  x.family("shunt_bundle_path_up", "gauge",
+           "1 while a path of a bundle is in service (path: primary for the application's QP, else the shadow's index; udp_sport: its RoCEv2 source port, 0 when the device chose it).");
+  x.family("shunt_bundle_path_carrier", "gauge", "1 for the path of a bundle that carries its two-sided work (SENDs, receives).");
+  x.family("shunt_bundle_path_tx_bytes_total", "counter", "Bytes of the application's WRs posted on a path of a bundle.");
+  x.family("shunt_bundle_path_failures_total", "counter",
+           "Times a path of a bundle was taken out of service (error completion, stall, port event or the peer's word).");
   x.family("shunt_failovers_total", "counter", "Two-sided work of a bundle moved off a failed path (failover events).");
   x.family("shunt_failbacks_total", "counter", "Traffic moved back to a recovered path.");
   x.family("shunt_replays_total", "counter", "Work requests replayed on another path after a failure.");
@@ -153,7 +159,20 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   x.add("shunt_socket_subflows", p, subflows);
   std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
   if (m.contains("bundles") && m["bundles"].is_array())
-    for (auto& b : m["bundles"]) bundles[str(b, "state")]++;
+    for (auto& b : m["bundles"]) {
+      bundles[str(b, "state")]++;
+      if (!b.contains("paths") || !b["paths"].is_array()) continue;
+      for (auto& q : b["paths"]) {
+        Labels l = with(p, {{"device", str(b, "device")},
+                            {"qpn", std::to_string(u64(b, "qpn"))},
+                            {"path", str(q, "path")},
+                            {"udp_sport", std::to_string(u64(q, "udp_sport"))}});
+        x.add("shunt_bundle_path_up", l, q.value("up", false) ? 1 : 0);
+        x.add("shunt_bundle_path_carrier", l, q.value("carrier", false) ? 1 : 0);
+        x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
+        x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+      }
+    }
   for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
   json ev = m.value("events", json::object());
   x.add("shunt_failovers_total", p, u64(ev, "failover"));

@@ -59,6 +59,33 @@ const char* qp_type_name(ibv_qp_type t) {
   }
 }
 
+// A bundle's paths for the metrics: the application's QP first ("primary"),
+// then each shadow; up, whether it carries the two-sided work (the
+// bundle's "carrier": -1 the application's QP, else a shadow's index), the
+// bytes posted on it and how often it failed.
+json bundle_paths(const json& bj) {
+  json out = json::array();
+  const int carrier = bj.value("carrier", -1);
+  const json& pr = bj["primary"];
+  out.push_back({{"path", "primary"},
+                 {"udp_sport", 0},
+                 {"up", !bj.value("primary_down", false)},
+                 {"carrier", carrier == -1},
+                 {"tx_bytes", pr.value("bytes", uint64_t{0})},
+                 {"fails", pr.value("fails", uint64_t{0})}});
+  int i = 0;
+  for (const auto& p : bj["paths"]) {
+    out.push_back({{"path", std::to_string(i)},
+                   {"udp_sport", p.value("udp_sport", 0)},
+                   {"up", !p.value("down", false)},
+                   {"carrier", carrier == i},
+                   {"tx_bytes", p.value("bytes", uint64_t{0})},
+                   {"fails", p.value("fails", uint64_t{0})}});
+    i++;
+  }
+  return out;
+}
+
 json qp_stats(const verbs::QpStats& s) {
   using verbs::HotCounters;
   using verbs::total;
@@ -119,7 +146,9 @@ json stats_json() {
       for (const auto& pj : bj["paths"]) degraded |= pj.value("down", false);
       if (!r.destroyed.load())
         bundles.push_back({{"qpn", r.qpn},
-                           {"state", !bj.value("active", false) ? "fallback" : degraded ? "degraded" : "up"}});
+                           {"device", r.device},
+                           {"state", !bj.value("active", false) ? "fallback" : degraded ? "degraded" : "up"},
+                           {"paths", bundle_paths(bj)}});
       replays += bj.value("replayed", uint64_t{0});
       q["bundle"] = std::move(bj);
     }

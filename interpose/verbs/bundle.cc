@@ -160,7 +160,7 @@ struct Path {
   uint64_t watch_done = 0;
   int64_t watch_ms = 0;
   uint32_t gen = 0;        // renewals (each with a new flow label)
-  uint64_t wrs = 0, bytes = 0;
+  uint64_t wrs = 0, bytes = 0, fails = 0;
   // Flowlet timing: from the first WR after a drain to the next drain.
   int64_t flow_start_ns = 0;
   uint64_t flow_bytes = 0;
@@ -838,12 +838,12 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   if (sig) p.signaled.push() = {p.posted, kApp, wr_id};
   p.last_signaled = sig;
   b->last = target;
+  p.wrs++;
+  p.bytes += len;
   if (target == kPrimary) {
     b->to_primary++;
     return 0;
   }
-  p.wrs++;
-  p.bytes += len;
   p.flow_bytes += len;
   if (p.rec) {  // the path's own counters, as for any QP (the shared shard)
     bump_locked(p.rec->s.hot[kShards].send_wrs[static_cast<unsigned>(op) & (kWrOpcodes - 1)], 1);
@@ -988,6 +988,7 @@ void path_failed(Bundle* b, int pi, int status, After* a) {
   Path& p = P(b, pi);
   if (p.down) return;
   p.down = true;
+  p.fails++;
   b->failovers++;
   a->down.emplace_back(pi, status);
   if (pi == b->carrier && !b->moving) {
@@ -1036,7 +1037,7 @@ int begin_move(Bundle* b) {
     std::lock_guard l(b->lk);
     b->moving = true;
     from = b->carrier;
-    if (!P(b, from).down) P(b, from).down = true, b->failovers++;
+    if (!P(b, from).down) P(b, from).down = true, P(b, from).fails++, b->failovers++;
     b->rcarrier = kNone;
   }
   ibv_qp_attr a{};
@@ -2037,8 +2038,15 @@ json bundle_json(const QpRecord& r) {
                      {"udp_sport", 0xC000 | p.flow_label},
                      {"wrs", p.wrs},
                      {"bytes", p.bytes},
+                     {"in_flight", p.posted - p.done},
+                     {"fails", p.fails},
                      {"down", p.down}});
   return {{"state", b->state},
+          {"device", static_cast<const char*>(b->ctx->device)},
+          {"primary", {{"wrs", b->prim.wrs},
+                       {"bytes", b->prim.bytes},
+                       {"in_flight", b->prim.posted - b->prim.done},
+                       {"fails", b->prim.fails}}},
           {"active", b->active.load()},
           {"paths", paths},
           {"fences", b->fences},

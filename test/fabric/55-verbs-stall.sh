@@ -23,7 +23,8 @@ learn_sports t55 "$leaf" "$a1" || fail "nft on the leaf"
 run() {
   local tag=$1 mode=$2 env=(env) r p pids=()
   [ "$mode" = with ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_LOG_LEVEL=info
-    SHUNT_STALL_MS=2000 SHUNT_STATS_FILE=/tmp/$tag-stats.json)
+    SHUNT_STALL_MS=2000 SHUNT_STATS_FILE=/tmp/$tag-stats.json SHUNT_METRICS_TEXTFILE=/tmp/$tag.prom
+    SHUNT_METRICS_INTERVAL_MS=200)
   ip netns exec "$leaf" nft flush set ip t55 seen
   for r in 1 0; do
     local extra=()
@@ -77,4 +78,14 @@ echo "h1 sent $(b 0 messages_sent), h2 received $(b 1 messages_received);" \
 [ "$(b 0 messages_sent)" = "$(b 1 messages_received)" ] || fail "h1's messages not all received once"
 [ "$(b 1 messages_sent)" = "$(b 0 messages_received)" ] || fail "h2's messages not all received once"
 [ "$(b 0 moves)" -ge 1 ] || fail "the application's QP never moved"
+# The agent's metrics name the failed path and the one that carries the work now.
+fab exec h1 -- cat /tmp/stall.prom > "$TMP/stall.prom" || fail "no metrics textfile"
+grep -E '^shunt_bundle_path_(failures_total|carrier)\{' "$TMP/stall.prom" | grep -v ' 0$'
+grep -qE '^shunt_bundle_path_failures_total\{.*path="primary".*\} [1-9]' "$TMP/stall.prom" ||
+  fail "the metrics do not show the application's QP's path failing"
+grep -qE '^shunt_bundle_path_carrier\{.*path="[0-9]+".*\} 1$' "$TMP/stall.prom" ||
+  fail "the metrics do not show a shadow carrying the two-sided work"
+if command -v promtool >/dev/null; then
+  promtool check metrics < "$TMP/stall.prom" || fail "promtool rejects the metrics"
+fi
 echo "ok: a QP that retries forever through a dead route moved on a stall, every message exactly once"

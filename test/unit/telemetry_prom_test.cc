@@ -98,6 +98,25 @@ TEST(TelemetryMetrics, MergesMembersWithExactValues) {
   EXPECT_TRUE(has(R"(shunt_build_info{version=")" SHUNT_VERSION R"("} 1)"));
 }
 
+TEST(TelemetryMetrics, ABundlesPathsShowWhichIsUpWhichCarriesAndWhatEachSent) {
+  HostView v;
+  v.members["100"] = member("0", 4096);
+  v.members["100"]["bundles"] = json::parse(R"([{"qpn":17,"device":"rxe0","state":"degraded","paths":[
+    {"path":"primary","udp_sport":0,"up":false,"carrier":false,"tx_bytes":4096,"fails":1},
+    {"path":"0","udp_sport":54943,"up":true,"carrier":true,"tx_bytes":65536,"fails":0}]}])");
+  std::string t = render_metrics(v);
+  auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
+  const std::string l0 = R"({pid="100",job="j",rank="0",device="rxe0",qpn="17",path="0",udp_sport="54943"})";
+  const std::string lp = R"({pid="100",job="j",rank="0",device="rxe0",qpn="17",path="primary",udp_sport="0"})";
+  EXPECT_TRUE(has("shunt_bundle_path_up" + lp + " 0")) << t;
+  EXPECT_TRUE(has("shunt_bundle_path_failures_total" + lp + " 1"));
+  EXPECT_TRUE(has("shunt_bundle_path_carrier" + lp + " 0"));
+  EXPECT_TRUE(has("shunt_bundle_path_up" + l0 + " 1"));
+  EXPECT_TRUE(has("shunt_bundle_path_carrier" + l0 + " 1"));
+  EXPECT_TRUE(has("shunt_bundle_path_tx_bytes_total" + l0 + " 65536"));
+  EXPECT_TRUE(has(R"(shunt_bundles{pid="100",job="j",rank="0",state="degraded"} 1)"));
+}
+
 TEST(TelemetryMetrics, EveryFamilyDeclaredOnceEvenWithoutData) {
   std::string t = render_metrics(HostView{});
   for (const char* f : {"shunt_failovers_total", "shunt_bundles", "shunt_path_up", "shunt_qp_tx_bytes_total"}) {
