@@ -1,6 +1,8 @@
 #include "interpose/verbs/bundle.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <signal.h>
@@ -212,6 +214,7 @@ struct Bundle {
   std::condition_variable wcv;
   bool wake = false, worker = false;
   std::atomic<bool> worker_exited{false};
+  std::atomic<bool> renew_now{false};  // a port came back: renew failed paths without waiting out the backoff
   // Data path.
   std::atomic<bool> active{false};
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
@@ -941,7 +944,8 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
 
 // ---------------------------------------------------------------- failover
 
-constexpr int kStalled = -3;  // a path_failed status: the stall watch, not a completion
+constexpr int kStalled = -3;  // path_failed statuses that are not a completion's: the stall watch,
+constexpr int kPortDown = -4;  // a port or device event
 
 // What the poll path decided under the lock, done after it (events,
 // threads: never under the spin lock).
@@ -1227,16 +1231,20 @@ void event_down(Bundle* b, const After& a) {
       std::lock_guard l(b->lk);
       sport = pi == kPrimary ? 0 : static_cast<int>(0xC000 | P(b, pi).flow_label);
     }
-    const char* why = st >= 0 ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
-                      : st == kStalled ? "stalled: nothing completed while the device retransmitted"
-                                       : "the peer saw it fail";
+    const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
+                      : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
+                      : st == kPortDown ? "its port went down: async event"
+                                         : "the peer saw it fail";
     log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
               pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
     telemetry::event("path_down", {{"device", static_cast<const char*>(b->ctx->device)},
                                    {"qpn", b->pqp->qp_num},
                                    {"path", pi},
                                    {"udp_sport", sport},
-                                   {"status", st >= 0 ? why : st == kStalled ? "stalled" : "peer"}});
+                                   {"status", st >= 0            ? why
+                                              : st == kStalled   ? "stalled"
+                                              : st == kPortDown ? "port_down"
+                                                                 : "peer"}});
   }
 }
 
@@ -1554,6 +1562,10 @@ void run_worker(Bundle* b) {
     int64_t now = mono_ms();
     std::lock_guard m(b->move_mu);
     if (!decides) {
+      if (b->renew_now.exchange(false)) {  // the deciding side renews: it should not wait out its backoff
+        std::string err;
+        ask_peer(b, {{"cmd", "renew-now"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 3000, &err);
+      }
       if (need_move) {
         std::string err;
         int carrier;
@@ -1587,6 +1599,7 @@ void run_worker(Bundle* b) {
         return;
       }
     }
+    const bool port_back = b->renew_now.exchange(false);
     std::vector<int> due_now;
     for (int i : down) {
       if (!was_down[i]) {  // a new failure: when to try again
@@ -1595,6 +1608,7 @@ void run_worker(Bundle* b) {
         while (!fails[i].empty() && now - fails[i].front() > 60000) fails[i].pop_front();
         due[i] = now + (fails[i].size() >= 3 ? cap : backoff[i]);
       }
+      if (port_back && fails[i].size() < 3) due[i] = now;  // the backoff, not the damping, is cut short
       if (now >= due[i]) due_now.push_back(i);
     }
     if (due_now.empty()) continue;
@@ -1672,14 +1686,125 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, int64_t retx_ms) {
   return static_cast<int>(a.down.size());
 }
 
+// ---------------------------------------------------------------- port events
+
+// A port went down (or the whole device, port 0): every path of every
+// bundle on it fails at once, without waiting for a retry timeout or a
+// stall. It came back: failed paths are renewed without waiting out their
+// backoff. Returns how many bundles it touched.
+int on_port_event(const std::string& device, int port, bool up, bool wake = true) {
+  std::vector<Bundle*> all;
+  {
+    std::lock_guard g(g_mu);
+    if (g_bundles) all = *g_bundles;
+  }
+  int n = 0;
+  for (Bundle* b : all) {
+    std::lock_guard m(b->mu);
+    if (b->dead || !b->active.load() || device != b->ctx->device || (port && port != b->port)) continue;
+    n++;
+    if (up) {
+      b->renew_now.store(true);
+      if (wake) wake_worker(b);
+      continue;
+    }
+    After a;
+    {
+      std::lock_guard l(b->lk);
+      if (b->gave_up) continue;
+      path_failed(b, kPrimary, kPortDown, &a);
+      for (size_t i = 0; i < b->paths.size(); i++) path_failed(b, static_cast<int>(i), kPortDown, &a);
+      flush_held(b, b->ctx);
+    }
+    if (!a.down.empty()) event_down(b, a);
+    if (wake) wake_worker(b);
+  }
+  return n;
+}
+
+// Shunt's own context of each device that has bundles: a port's async
+// events reach every context of its device, so none is taken from the
+// application.
+struct EventSource {
+  std::string device;
+  ibv_context* ctx = nullptr;
+};
+
+void watch_new_devices(std::vector<EventSource>* srcs) {
+  std::vector<std::string> want;
+  {
+    std::lock_guard g(g_mu);
+    if (g_bundles)
+      for (Bundle* b : *g_bundles)
+        if (std::find(want.begin(), want.end(), b->ctx->device) == want.end()) want.push_back(b->ctx->device);
+  }
+  for (const auto& name : want) {
+    if (std::any_of(srcs->begin(), srcs->end(), [&](const EventSource& e) { return e.device == name; })) continue;
+    EventSource e{name, nullptr};
+    int n = 0;
+    if (ibv_device** list = ibv_get_device_list(&n)) {
+      for (int i = 0; i < n; i++)
+        if (name == ibv_get_device_name(list[i])) e.ctx = ibv_open_device(list[i]);
+      ibv_free_device_list(list);
+    }
+    if (e.ctx) {
+      int fl = fcntl(e.ctx->async_fd, F_GETFL);
+      fcntl(e.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+    } else {
+      log::info("{}: port events are not watched (cannot open the device: {})", name, strerror(errno));
+    }
+    srcs->push_back(e);  // kept even without a context: tried once
+  }
+}
+
+void read_events(EventSource& e) {
+  ibv_async_event ev;
+  while (e.ctx && ibv_get_async_event(e.ctx, &ev) == 0) {
+    int port = 0;
+    bool up = false, known = true;
+    switch (ev.event_type) {
+      case IBV_EVENT_PORT_ERR: port = ev.element.port_num; break;
+      case IBV_EVENT_PORT_ACTIVE: port = ev.element.port_num, up = true; break;
+      case IBV_EVENT_DEVICE_FATAL: break;
+      default: known = false;
+    }
+    ibv_ack_async_event(&ev);
+    if (!known) continue;
+    log::info("{}: {} on port {}", e.device, ibv_event_type_str(ev.event_type), port);
+    on_port_event(e.device, port, up);
+  }
+}
+
+// The watch thread: port events as they come, and a look for stalls every
+// SHUNT_STALL_MS/4.
 void run_stall_watch() {
   ReentryGuard guard;
-  pthread_setname_np(pthread_self(), "shunt-stall");
+  pthread_setname_np(pthread_self(), "shunt-watch");
   const int64_t stall_ms = config().num(Param::stall_ms);
-  const int64_t tick = std::clamp<int64_t>(stall_ms / 4, 50, 1000);
+  const int64_t tick = stall_ms ? std::clamp<int64_t>(stall_ms / 4, 50, 1000) : 1000;
   RetransmitWatch retx;
+  std::vector<EventSource> srcs;
+  int64_t next_look = mono_ms() + tick;
   for (;;) {
-    usleep(static_cast<useconds_t>(tick * 1000));
+    watch_new_devices(&srcs);
+    std::vector<pollfd> fds;
+    for (auto& e : srcs)
+      if (e.ctx) fds.push_back({e.ctx->async_fd, POLLIN, 0});
+    int wait = static_cast<int>(std::max<int64_t>(0, next_look - mono_ms()));
+    if (poll(fds.data(), fds.size(), wait) > 0) {
+      size_t k = 0;
+      for (auto& e : srcs) {
+        if (!e.ctx) continue;
+        short re = fds[k++].revents;
+        if (re & POLLIN) read_events(e);
+        if (re & (POLLERR | POLLHUP | POLLNVAL)) {  // the device went away: no spinning on it
+          log::info("{}: its event channel closed; port events are no longer watched", e.device);
+          e.ctx = nullptr;  // left open: the device may still be torn down under us
+        }
+      }
+    }
+    if (!stall_ms || mono_ms() < next_look) continue;
+    next_look = mono_ms() + tick;
     std::vector<Bundle*> all;
     {
       std::lock_guard g(g_mu);
@@ -1698,7 +1823,7 @@ void run_stall_watch() {
 void start_stall_watch() {
   static std::atomic<pid_t> started{0};
   pid_t me = getpid();
-  if (config().num(Param::stall_ms) == 0 || started.exchange(me) == me) return;
+  if (started.exchange(me) == me) return;
   std::thread(run_stall_watch).detach();
 }
 
@@ -2105,6 +2230,13 @@ json answer(const json& req, const std::string& cmd) {
     if (cmd == "carrier-commit") return answer_carrier_commit(req);
     if (cmd == "path-renew") return answer_path_renew(req);
     if (cmd == "path-down") return answer_path_down(req);
+    if (cmd == "renew-now") {
+      Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+      if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+      b->renew_now.store(true);
+      wake_worker(b);
+      return {{"ok", true}};
+    }
   } catch (const json::exception& e) {
     return {{"error", std::string("malformed request: ") + e.what()}};
   }
@@ -2169,6 +2301,10 @@ int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, 
   Bundle* b = r->bundle.load();
   std::lock_guard m(b->mu);
   return check_stalls(b, now_ms, stall_ms, retx_ms);
+}
+
+int bundle_port_event_for_test(const std::string& device, int port, bool up) {
+  return on_port_event(device, port, up, false);
 }
 
 void bundle_probe_for_test(QpRecord* r, int path) {

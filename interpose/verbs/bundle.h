@@ -81,5 +81,8 @@ bool bundle_probation_for_test(QpRecord* r, int path);
 // One look of the stall watch at the bundle, at time now_ms, with the port's
 // last retransmission at retx_ms; returns how many paths it failed.
 int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms);
+// A port event as the watch thread handles it (its failover worker not
+// woken); returns the bundles touched.
+int bundle_port_event_for_test(const std::string& device, int port, bool up);
 
 }  // namespace shunt::verbs

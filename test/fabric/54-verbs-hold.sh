@@ -5,6 +5,9 @@
 # passes with no error seen by the application (paths are renewed once the
 # link is back), while with SHUNT_HOLD_MS=2000 an outage for good gives the
 # application its error, with a log line saying why, instead of a hang.
+# The same with h1's port on rail 0 down for 6 s (carrier lost, as a pulled
+# cable): shunt learns it from the port's async event, fails every path at
+# once, and renews them as soon as the port is active again.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -12,9 +15,12 @@ up --hosts 2 --rails 2 --spines 2
 boot=$(fab addr h1 r1):29914  # the job's bootstrap and the shims' channel can ride rail 1
 KEY=hold-$$
 
-# run TAG HOLD_MS OUTAGE_S(0: for good): rank exit codes in $TMP/TAG.rc
+# run TAG HOLD_MS OUTAGE_S(0: for good) [FAULT: blackhole (default) or port]:
+# rank exit codes in $TMP/TAG.rc
 run() {
-  local tag=$1 hold=$2 outage=$3 r pids=()
+  local tag=$1 hold=$2 outage=$3 kind=${4:-blackhole} r pids=()
+  local down=(blackhole h1-r0) heal=(unblackhole h1-r0)
+  [ "$kind" = port ] && down=(port-down h1 r0) heal=(port-up h1 r0)
   for r in 1 0; do
     local extra=()
     [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
@@ -26,16 +32,16 @@ run() {
   done
   for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
   sleep 3
-  fab fault blackhole h1-r0 >/dev/null || fail "blackhole"
+  fab fault "${down[@]}" >/dev/null || fail "${down[*]}"
   if [ "$outage" != 0 ]; then
     sleep "$outage"
-    fab fault unblackhole h1-r0 >/dev/null || fail "unblackhole"
+    fab fault "${heal[@]}" >/dev/null || fail "${heal[*]}"
   fi
   local rc=0 p t0=$SECONDS
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   echo "$tag: exit $rc after $((SECONDS - t0)) s more"
   echo $rc > "$TMP/$tag.rc"
-  fab fault unblackhole h1-r0 >/dev/null 2>&1
+  fab fault "${heal[@]}" >/dev/null 2>&1
 }
 
 note "6 s outage of h1's rail 0, default hold"
@@ -46,6 +52,16 @@ grep -qE "^# Errors seen +: 0$" "$TMP/outage.rank0.out" || { cat "$TMP/outage.ra
 awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/outage.rank0.out" ||
   fail "#wrong is not 0"
 grep -q "moved" "$TMP/outage.rank0.out" || fail "the application's QP never failed over (the fault missed it?)"
+
+note "h1's port on rail 0 down for 6 s, default hold"
+run port 45000 6 port
+grep -hE "went down|PORT_ACTIVE|port active|moved|no path" "$TMP"/port.rank*.out | head -8
+[ "$(cat $TMP/port.rc)" = 0 ] || { cat "$TMP/port.rank0.out"; fail "the job did not survive the port going down"; }
+grep -qE "^# Errors seen +: 0$" "$TMP/port.rank0.out" || { cat "$TMP/port.rank0.out"; fail "port: errors seen"; }
+awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/port.rank0.out" ||
+  fail "port: #wrong is not 0"
+grep -q "its port went down: async event" "$TMP/port.rank0.out" ||
+  { cat "$TMP/port.rank0.out"; fail "shunt did not act on the port's async event"; }
 
 note "rail 0 down for good, SHUNT_HOLD_MS=2000"
 run forever 2000 0

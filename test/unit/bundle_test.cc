@@ -424,3 +424,24 @@ TEST(Bundle, TheStallWatchPollsBeforeItDecides) {
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].wr_id, 7u);
 }
+
+// A port's async event fails every path on it at once (no retry timeout,
+// no stall to wait for): nothing more is posted there, and the work waits
+// for a path to come back. Another port's or device's event touches nothing.
+TEST(Bundle, APortEventFailsExactlyThePathsOnThatPort) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1, buf), 0);
+  EXPECT_EQ(bundle_port_event_for_test("bundle0", 2, false), 0);
+  EXPECT_EQ(bundle_port_event_for_test("other0", 1, false), 0);
+  g_posted.clear();
+  EXPECT_EQ(bundle_port_event_for_test("bundle0", 1, false), 1);
+  EXPECT_TRUE(g_posted.empty());  // the WRITE waits: no path is left to replay it on
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 3, buf), 0);
+  EXPECT_TRUE(g_posted.empty());
+  EXPECT_EQ(bundle_carrier_for_test(r.rec), -2);  // two-sided work waits for a move
+  // The device's flushes of the failed paths never reach the application.
+  g_cq.push_back(error_wc(500, 9, IBV_WC_WR_FLUSH_ERR));
+  EXPECT_TRUE(r.poll().empty());
+}
