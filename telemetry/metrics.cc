@@ -237,6 +237,29 @@ json peers_view(const clocksync::ProbeEngine* e) {
   return out;
 }
 
+json bundle_paths_view(const HostView& v) {
+  json out = json::array();
+  if (!v.members.is_object()) return out;
+  for (auto& [pid, m] : v.members.items()) {
+    if (m.value("final", false) || !m.contains("bundles") || !m["bundles"].is_array()) continue;
+    for (auto& b : m["bundles"]) {
+      if (!b.contains("paths") || !b["paths"].is_array()) continue;
+      for (auto& q : b["paths"])
+        out.push_back({{"pid", pid},
+                       {"rank", str(m, "rank")},
+                       {"device", str(b, "device")},
+                       {"qpn", u64(b, "qpn")},
+                       {"path", str(q, "path")},
+                       {"udp_sport", u64(q, "udp_sport")},
+                       {"up", q.value("up", false)},
+                       {"carrier", q.value("carrier", false)},
+                       {"tx_bytes", u64(q, "tx_bytes")},
+                       {"fails", u64(q, "fails")}});
+    }
+  }
+  return out;
+}
+
 json paths_view(const HostView& v) {
   json out = json::array();
   for (auto& peer : v.peers)

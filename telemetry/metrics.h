@@ -31,6 +31,11 @@ nlohmann::json peers_view(const clocksync::ProbeEngine* e);
 // whose two addresses are the path's two ends.
 nlohmann::json paths_view(const HostView& v);
 
+// Every path of every live bundle of the member processes, flat: [{pid,
+// rank, device, qpn, path ("primary" or a shadow's index), udp_sport, up,
+// carrier, tx_bytes, fails}].
+nlohmann::json bundle_paths_view(const HostView& v);
+
 std::string render_metrics(const HostView& v);
 
 }  // namespace shunt::telemetry

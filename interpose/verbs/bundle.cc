@@ -6,6 +6,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -566,6 +567,7 @@ bool initiates(const Bundle* b) {
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
 void wake_worker(Bundle* b);
 void start_stall_watch();
+void watch_resync(bool wait);
 
 void run_setup(Bundle* b) {
   ReentryGuard guard;
@@ -1730,13 +1732,36 @@ struct EventSource {
   ibv_context* ctx = nullptr;
 };
 
-void watch_new_devices(std::vector<EventSource>* srcs) {
-  std::vector<std::string> want;
+// The watch's contexts follow the live bundles: a device's is opened with
+// its first bundle and closed with its last, so shunt never holds a device
+// the application let go of (a removed rxe device is freed only once every
+// user closed it). bundle_on_destroy waits for the watch to catch up.
+int g_watch_wake = -1;  // eventfd: the live bundles changed
+std::atomic<uint64_t> g_watch_asked{0}, g_watch_seen{0};
+
+std::vector<std::string> live_devices() {
+  std::vector<Bundle*> all;
   {
     std::lock_guard g(g_mu);
-    if (g_bundles)
-      for (Bundle* b : *g_bundles)
-        if (std::find(want.begin(), want.end(), b->ctx->device) == want.end()) want.push_back(b->ctx->device);
+    if (g_bundles) all = *g_bundles;
+  }
+  std::vector<std::string> want;
+  for (Bundle* b : all) {
+    std::lock_guard m(b->mu);
+    if (!b->dead && std::find(want.begin(), want.end(), b->ctx->device) == want.end()) want.push_back(b->ctx->device);
+  }
+  return want;
+}
+
+void follow_devices(std::vector<EventSource>* srcs) {
+  std::vector<std::string> want = live_devices();
+  for (auto it = srcs->begin(); it != srcs->end();) {
+    if (std::find(want.begin(), want.end(), it->device) != want.end()) {
+      ++it;
+      continue;
+    }
+    if (it->ctx) ibv_close_device(it->ctx);
+    it = srcs->erase(it);
   }
   for (const auto& name : want) {
     if (std::any_of(srcs->begin(), srcs->end(), [&](const EventSource& e) { return e.device == name; })) continue;
@@ -1786,13 +1811,17 @@ void run_stall_watch() {
   std::vector<EventSource> srcs;
   int64_t next_look = mono_ms() + tick;
   for (;;) {
-    watch_new_devices(&srcs);
-    std::vector<pollfd> fds;
+    uint64_t asked = g_watch_asked.load();
+    follow_devices(&srcs);
+    g_watch_seen.store(asked);
+    std::vector<pollfd> fds{{g_watch_wake, POLLIN, 0}};
     for (auto& e : srcs)
       if (e.ctx) fds.push_back({e.ctx->async_fd, POLLIN, 0});
     int wait = static_cast<int>(std::max<int64_t>(0, next_look - mono_ms()));
     if (poll(fds.data(), fds.size(), wait) > 0) {
-      size_t k = 0;
+      uint64_t n;
+      if (fds[0].revents & POLLIN) (void)!read(g_watch_wake, &n, sizeof n);
+      size_t k = 1;
       for (auto& e : srcs) {
         if (!e.ctx) continue;
         short re = fds[k++].revents;
@@ -1820,11 +1849,27 @@ void run_stall_watch() {
 }
 
 // One watch per process (a forked child starts its own).
+std::atomic<pid_t> g_watch_pid{0};
+
 void start_stall_watch() {
-  static std::atomic<pid_t> started{0};
   pid_t me = getpid();
-  if (started.exchange(me) == me) return;
+  if (g_watch_pid.load() == me) {
+    watch_resync(false);  // a new device may have a bundle now
+    return;
+  }
+  if (g_watch_pid.exchange(me) == me) return;
+  if (g_watch_wake >= 0) close(g_watch_wake);  // a forked child's copy of its parent's
+  g_watch_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   std::thread(run_stall_watch).detach();
+}
+
+// Tells the watch that the live bundles changed; with wait, returns once
+// it acted on that (1 s at most).
+void watch_resync(bool wait) {
+  if (g_watch_pid.load() != getpid() || g_watch_wake < 0) return;
+  uint64_t mine = g_watch_asked.fetch_add(1) + 1, one = 1;
+  (void)!write(g_watch_wake, &one, sizeof one);
+  for (int i = 0; wait && i < 1000 && g_watch_seen.load() < mine; i++) usleep(1000);
 }
 
 json answer_carrier_down(const json& req) {
@@ -2006,6 +2051,7 @@ void bundle_on_destroy(QpRecord* r) {
   }
   g_shadow_qps.fetch_sub(1);
   if (probed) drop_probe_paths(b);
+  watch_resync(true);  // its device's event context goes with its last bundle
 }
 
 bool bundle_active(const Bundle* b) { return b->active.load(std::memory_order_acquire); }

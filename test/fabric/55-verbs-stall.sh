@@ -44,6 +44,11 @@ run() {
   [ "$(echo $own | wc -w)" = 1 ] || fail "$tag: cannot tell the job's own QP's source port"
   note "$tag: dropping every packet from h1's port $own until the job ends"
   ip netns exec "$leaf" nft add rule ip t55 cut ip saddr "$a1" udp sport "$own" drop || fail "nft drop"
+  if [ "$mode" = with ]; then  # what an operator sees of the live job once it moved
+    sleep 6
+    fab exec h1 -- "$B/bin/shuntctl" paths --interval 1100 > "$TMP/$tag.paths" 2>&1
+    fab exec h1 -- "$B/bin/shuntctl" paths --json --interval 1100 > "$TMP/$tag.paths.json" 2>&1
+  fi
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   ip netns exec "$leaf" nft flush chain ip t55 cut
@@ -78,6 +83,16 @@ echo "h1 sent $(b 0 messages_sent), h2 received $(b 1 messages_received);" \
 [ "$(b 0 messages_sent)" = "$(b 1 messages_received)" ] || fail "h1's messages not all received once"
 [ "$(b 1 messages_sent)" = "$(b 0 messages_received)" ] || fail "h2's messages not all received once"
 [ "$(b 0 moves)" -ge 1 ] || fail "the application's QP never moved"
+# shuntctl paths showed the live job's bundle: its own QP's path down, a shadow carrying.
+cat "$TMP/stall.paths"
+python3 - "$TMP/stall.paths.json" <<'PY' || fail "shuntctl paths does not show the move"
+import json, sys
+p = json.load(open(sys.argv[1]))["bundle_paths"]
+prim = [x for x in p if x["path"] == "primary"]
+carrier = [x for x in p if x["carrier"]]
+sys.exit(0 if prim and not prim[0]["up"] and prim[0]["fails"] >= 1 and carrier and carrier[0]["path"] != "primary"
+         and carrier[0]["up"] else 1)
+PY
 # The agent's metrics name the failed path and the one that carries the work now.
 fab exec h1 -- cat /tmp/stall.prom > "$TMP/stall.prom" || fail "no metrics textfile"
 grep -E '^shunt_bundle_path_(failures_total|carrier)\{' "$TMP/stall.prom" | grep -v ' 0$'

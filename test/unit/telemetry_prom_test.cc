@@ -129,3 +129,28 @@ TEST(TelemetryMetrics, EveryFamilyDeclaredOnceEvenWithoutData) {
 
 }  // namespace
 }  // namespace shunt::telemetry
+
+namespace shunt::telemetry {
+namespace {
+// shuntctl paths lists every path of the live bundles of running members;
+// a member that exited is history, not a path to look at.
+TEST(TelemetryMetrics, BundlePathsViewListsEveryPathOfRunningMembers) {
+  HostView v;
+  v.members["100"] = json::parse(R"({"rank":"0","bundles":[{"qpn":17,"device":"rxe0","state":"degraded","paths":[
+    {"path":"primary","udp_sport":0,"up":false,"carrier":false,"tx_bytes":10,"fails":1},
+    {"path":"0","udp_sport":54943,"up":true,"carrier":true,"tx_bytes":20,"fails":0}]}]})");
+  v.members["101"] = v.members["100"];
+  v.members["101"]["final"] = true;
+  json p = bundle_paths_view(v);
+  ASSERT_EQ(p.size(), 2u) << p.dump();
+  EXPECT_EQ(p[0]["pid"], "100");
+  EXPECT_EQ(p[0]["path"], "primary");
+  EXPECT_EQ(p[0]["up"], false);
+  EXPECT_EQ(p[0]["fails"], 1u);
+  EXPECT_EQ(p[1]["udp_sport"], 54943u);
+  EXPECT_EQ(p[1]["carrier"], true);
+  EXPECT_EQ(p[1]["tx_bytes"], 20u);
+  EXPECT_EQ(p[1]["qpn"], 17u);
+}
+}  // namespace
+}  // namespace shunt::telemetry

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     subs.emplace_back(s, c.name);
   }
   shunt::ctl::LiveOptions live;
-  auto* paths = app.add_subcommand("paths", "Every probed path: state, traffic rate, one-way delay, RTT, loss");
+  auto* paths = app.add_subcommand("paths", "Every probed path (state, traffic rate, one-way delay, RTT, loss) and every path of every bundle (state, carrier, send rate, failures)");
   paths->add_flag("--json", live.json, "JSON output");
   paths->add_option("--interval", live.interval_ms, "Milliseconds between the two samples a rate is taken from")
       ->check(CLI::Range(10, 60000));

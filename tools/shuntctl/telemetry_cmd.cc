@@ -105,6 +105,43 @@ void print_paths(std::ostream& out, const json& paths) {
   }
 }
 
+std::string bundle_key(const json& p) {
+  return p["pid"].get<std::string>() + "/" + p["device"].get<std::string>() + "/" +
+         std::to_string(p["qpn"].get<uint64_t>()) + "/" + p["path"].get<std::string>();
+}
+
+// Bundle paths of the second sample, with their send rate against the first.
+json bundle_paths_with_rates(const json& a, const json& b, double dt) {
+  json pa = telemetry::bundle_paths_view(telemetry::host_view_from(a));
+  json pb = telemetry::bundle_paths_view(telemetry::host_view_from(b));
+  std::map<std::string, uint64_t> before;
+  for (auto& p : pa) before[bundle_key(p)] = p["tx_bytes"].get<uint64_t>();
+  for (auto& p : pb) {
+    auto it = before.find(bundle_key(p));
+    double tx = it != before.end() && dt > 0 ? (static_cast<double>(p["tx_bytes"].get<uint64_t>()) -
+                                                 static_cast<double>(it->second)) / dt
+                                              : 0;
+    p["tx_bytes_per_s"] = std::max(0.0, tx);
+  }
+  return pb;
+}
+
+// One line per path of every bundle: which are in service, which carries
+// the two-sided work (*), what each sends now and how often it failed.
+void print_bundle_paths(std::ostream& out, const json& paths) {
+  if (paths.empty()) return;
+  out << "\n" << std::left << std::setw(8) << "pid" << std::setw(6) << "rank" << std::setw(10) << "device"
+      << std::setw(8) << "qpn" << std::setw(9) << "path" << std::setw(10) << "udp sport" << std::setw(6) << "state"
+      << std::setw(8) << "carrier" << std::setw(12) << "tx rate" << "failures\n";
+  for (auto& p : paths)
+    out << std::setw(8) << p["pid"].get<std::string>() << std::setw(6) << p["rank"].get<std::string>() << std::setw(10)
+        << p["device"].get<std::string>() << std::setw(8) << p["qpn"].get<uint64_t>() << std::setw(9)
+        << p["path"].get<std::string>() << std::setw(10)
+        << (p["udp_sport"].get<uint64_t>() ? std::to_string(p["udp_sport"].get<uint64_t>()) : "-") << std::setw(6)
+        << (p["up"].get<bool>() ? "up" : "DOWN") << std::setw(8) << (p["carrier"].get<bool>() ? "*" : "")
+        << std::setw(12) << rate(p["tx_bytes_per_s"].get<double>()) << p["fails"].get<uint64_t>() << "\n";
+}
+
 struct ProcTotals {
   uint64_t tx = 0, rx = 0, sockets = 0, qps = 0;
 };
@@ -230,9 +267,14 @@ int paths_command(std::ostream& out, const LiveOptions& o) {
   std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
   auto b = ask();
   if (!b) return 2;
-  json paths = paths_with_rates(*a, *b, now_s() - t0);
-  if (o.json) out << json{{"paths", paths}}.dump(2) << "\n";
-  else print_paths(out, paths);
+  double dt = now_s() - t0;
+  json paths = paths_with_rates(*a, *b, dt), bundles = bundle_paths_with_rates(*a, *b, dt);
+  if (o.json) {
+    out << json{{"paths", paths}, {"bundle_paths", bundles}}.dump(2) << "\n";
+  } else {
+    print_paths(out, paths);
+    print_bundle_paths(out, bundles);
+  }
   return 0;
 }
 
