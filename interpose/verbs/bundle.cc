@@ -215,7 +215,8 @@ struct Bundle {
   std::condition_variable wcv;
   bool wake = false, worker = false;
   std::atomic<bool> worker_exited{false};
-  std::atomic<bool> renew_now{false};  // a port came back: renew failed paths without waiting out the backoff
+  std::atomic<bool> renew_now{false};
+  bool no_worker = false;  // unit tests: no peer to ask, so no failover worker unless the test wants one  // a port came back: renew failed paths without waiting out the backoff
   // Data path.
   std::atomic<bool> active{false};
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
@@ -1631,6 +1632,7 @@ void run_worker(Bundle* b) {
 }
 
 void wake_worker(Bundle* b) {
+  if (b->no_worker) return;
   bool start = false;
   {
     std::lock_guard w(b->wmu);
@@ -2291,6 +2293,7 @@ json answer(const json& req, const std::string& cmd) {
 
 Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows) {
   auto* b = new Bundle;
+  b->no_worker = true;
   b->primary = r;
   b->pqp = r->qp;
   b->ctx = r->ctx;
@@ -2355,6 +2358,7 @@ int bundle_port_event_for_test(const std::string& device, int port, bool up) {
 
 void bundle_probe_for_test(QpRecord* r, int path) {
   Bundle* b = r->bundle.load();
+  b->no_worker = false;  // (before the worker exists) it is what polls the probe
   {
     std::lock_guard l(b->lk);
     probe(b, path);

@@ -67,7 +67,7 @@ std::string bundle_dir();
 int bundle_locate(const std::string& gid_hex, uint32_t qpn);
 
 // Unit tests and the microbenchmark: an active bundle over hand-built
-// shadow QPs (no peer, nothing created), and its removal.
+// shadow QPs (no peer, nothing created, no failover worker), and its removal.
 Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows);
 void bundle_detach_for_test(QpRecord* r);
 // Where two-sided work goes: -1 the application's QP, a path, -2 moving.
@@ -75,7 +75,8 @@ int bundle_carrier_for_test(QpRecord* r);
 // The second half of a carrier move, with the peer's count of consumed
 // messages given: what is replayed, what completions are owed.
 bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
-// Shunt's probe on a path (as after a renewal), and whether it is still out.
+// Shunt's probe on a path (as after a renewal), with the failover worker
+// that polls it; and whether it is still out.
 void bundle_probe_for_test(QpRecord* r, int path);
 bool bundle_probation_for_test(QpRecord* r, int path);
 // One look of the stall watch at the bundle, at time now_ms, with the port's
