@@ -215,8 +215,8 @@ struct Bundle {
   std::condition_variable wcv;
   bool wake = false, worker = false;
   std::atomic<bool> worker_exited{false};
-  std::atomic<bool> renew_now{false};
-  bool no_worker = false;  // unit tests: no peer to ask, so no failover worker unless the test wants one  // a port came back: renew failed paths without waiting out the backoff
+  std::atomic<bool> renew_now{false};  // a port came back: renew failed paths without waiting out the backoff
+  bool no_worker = false;  // unit tests: no peer to ask, so no failover worker unless the test wants one
   // Data path.
   std::atomic<bool> active{false};
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
@@ -947,7 +947,8 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
 
 // ---------------------------------------------------------------- failover
 
-constexpr int kStalled = -3;  // path_failed statuses that are not a completion's: the stall watch,
+// path_failed statuses that are not a completion's (-1: the peer's word)
+constexpr int kStalled = -3;   // the stall watch
 constexpr int kPortDown = -4;  // a port or device event
 
 // What the poll path decided under the lock, done after it (events,
