@@ -1644,6 +1644,13 @@ void wake_worker(Bundle* b) {
   if (start) std::thread(run_worker, b).detach();
 }
 
+// Every bundle this process made (they are never freed: `dead` marks the
+// destroyed), for the watch to walk without holding the list's lock.
+std::vector<Bundle*> all_bundles() {
+  std::lock_guard g(g_mu);
+  return g_bundles ? *g_bundles : std::vector<Bundle*>{};
+}
+
 // ---------------------------------------------------------------- stall watch
 
 // A QP that retries forever (retry count 7: rxe never gives up then, and
@@ -1698,11 +1705,7 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, int64_t retx_ms) {
 // stall. It came back: failed paths are renewed without waiting out their
 // backoff. Returns how many bundles it touched.
 int on_port_event(const std::string& device, int port, bool up, bool wake = true) {
-  std::vector<Bundle*> all;
-  {
-    std::lock_guard g(g_mu);
-    if (g_bundles) all = *g_bundles;
-  }
+  std::vector<Bundle*> all = all_bundles();
   int n = 0;
   for (Bundle* b : all) {
     std::lock_guard m(b->mu);
@@ -1743,11 +1746,7 @@ int g_watch_wake = -1;  // eventfd: the live bundles changed
 std::atomic<uint64_t> g_watch_asked{0}, g_watch_seen{0};
 
 std::vector<std::string> live_devices() {
-  std::vector<Bundle*> all;
-  {
-    std::lock_guard g(g_mu);
-    if (g_bundles) all = *g_bundles;
-  }
+  std::vector<Bundle*> all = all_bundles();
   std::vector<std::string> want;
   for (Bundle* b : all) {
     std::lock_guard m(b->mu);
@@ -1837,11 +1836,7 @@ void run_stall_watch() {
     }
     if (!stall_ms || mono_ms() < next_look) continue;
     next_look = mono_ms() + tick;
-    std::vector<Bundle*> all;
-    {
-      std::lock_guard g(g_mu);
-      if (g_bundles) all = *g_bundles;
-    }
+    std::vector<Bundle*> all = all_bundles();
     int64_t now = mono_ms();
     for (Bundle* b : all) {
       std::lock_guard m(b->mu);
