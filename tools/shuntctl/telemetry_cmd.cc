@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -68,21 +69,25 @@ std::string delay(double ns) {
 
 std::string key_of(const json& p) { return p["peer"].get<std::string>() + "/" + std::to_string(p["rail"].get<int>()); }
 
+// Adds FIELD_per_s to every item of b: how fast FIELD grew since the item
+// of a with the same key (0 for a new one).
+void add_rates(const json& a, json* b, const std::function<std::string(const json&)>& key,
+               std::initializer_list<const char*> fields, double dt) {
+  std::map<std::string, const json*> before;
+  for (auto& p : a) before[key(p)] = &p;
+  for (auto& p : *b) {
+    auto it = before.find(key(p));
+    for (const char* f : fields) {
+      double r = it != before.end() && dt > 0 ? (p[f].get<double>() - (*it->second)[f].get<double>()) / dt : 0;
+      p[std::string(f) + "_per_s"] = std::max(0.0, r);
+    }
+  }
+}
+
 // Paths of the second sample with byte rates against the first.
 json paths_with_rates(const json& a, const json& b, double dt) {
   json pa = telemetry::paths_view(telemetry::host_view_from(a)), pb = telemetry::paths_view(telemetry::host_view_from(b));
-  std::map<std::string, json> before;
-  for (auto& p : pa) before[key_of(p)] = p;
-  for (auto& p : pb) {
-    auto it = before.find(key_of(p));
-    double tx = 0, rx = 0;
-    if (it != before.end() && dt > 0) {
-      tx = (p["tx_bytes"].get<double>() - it->second["tx_bytes"].get<double>()) / dt;
-      rx = (p["rx_bytes"].get<double>() - it->second["rx_bytes"].get<double>()) / dt;
-    }
-    p["tx_bytes_per_s"] = std::max(0.0, tx);
-    p["rx_bytes_per_s"] = std::max(0.0, rx);
-  }
+  add_rates(pa, &pb, key_of, {"tx_bytes", "rx_bytes"}, dt);
   return pb;
 }
 
@@ -114,15 +119,7 @@ std::string bundle_key(const json& p) {
 json bundle_paths_with_rates(const json& a, const json& b, double dt) {
   json pa = telemetry::bundle_paths_view(telemetry::host_view_from(a));
   json pb = telemetry::bundle_paths_view(telemetry::host_view_from(b));
-  std::map<std::string, uint64_t> before;
-  for (auto& p : pa) before[bundle_key(p)] = p["tx_bytes"].get<uint64_t>();
-  for (auto& p : pb) {
-    auto it = before.find(bundle_key(p));
-    double tx = it != before.end() && dt > 0 ? (static_cast<double>(p["tx_bytes"].get<uint64_t>()) -
-                                                 static_cast<double>(it->second)) / dt
-                                              : 0;
-    p["tx_bytes_per_s"] = std::max(0.0, tx);
-  }
+  add_rates(pa, &pb, bundle_key, {"tx_bytes"}, dt);
   return pb;
 }
 
