@@ -30,6 +30,14 @@ uint64_t num_key(const ContextRecord* c, uint32_t qpn) {
   return (static_cast<uint64_t>(c->slot) << 32) | qpn;
 }
 
+// What a bundle needs of the QP as created (ibv_qp_init_attr or _ex).
+template <class Attr>
+void note_attr(QpRecord* r, const Attr* attr) {
+  if (!r) return;
+  r->sq_sig_all = attr->sq_sig_all != 0;
+  r->max_send_wr = attr->cap.max_send_wr;
+}
+
 ibv_qp* create_qp_ex_hook(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
   ContextRecord* c = find_context(ctx);
   ibv_qp* qp = c->orig_create_qp_ex(ctx, attr);
@@ -37,11 +45,7 @@ ibv_qp* create_qp_ex_hook(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
     log::once(LogLevel::info, "create_qp_ex",
               "ibv_create_qp_ex: extended QPs are counted for ibv_post_send but their ibv_wr_* "
               "calls pass through uncounted and get no multipath");
-    QpRecord* r = track_qp(qp, true);
-    if (r) {
-      r->sq_sig_all = attr->sq_sig_all != 0;
-      r->max_send_wr = attr->cap.max_send_wr;
-    }
+    note_attr(track_qp(qp, true), attr);
   }
   return qp;
 }
@@ -128,10 +132,7 @@ void on_open(ibv_context* ctx, const char* device) {
 void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr) {
   if (!qp || current_mode() == Mode::off) return;
   QpRecord* r = track_qp(qp, extended);
-  if (r && attr) {
-    r->sq_sig_all = attr->sq_sig_all != 0;
-    r->max_send_wr = attr->cap.max_send_wr;
-  }
+  if (attr) note_attr(r, attr);
 }
 
 QpRecord* track_qp(ibv_qp* qp, bool extended) {
