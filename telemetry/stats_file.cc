@@ -68,6 +68,7 @@ json bundle_paths(const json& bj) {
   const int carrier = bj.value("carrier", -1);
   const json& pr = bj["primary"];
   out.push_back({{"path", "primary"},
+                 {"nic", bj.value("device", "")},
                  {"udp_sport", 0},
                  {"up", !bj.value("primary_down", false)},
                  {"carrier", carrier == -1},
@@ -76,6 +77,7 @@ json bundle_paths(const json& bj) {
   int i = 0;
   for (const auto& p : bj["paths"]) {
     out.push_back({{"path", std::to_string(i)},
+                   {"nic", p.value("device", bj.value("device", ""))},
                    {"udp_sport", p.value("udp_sport", 0)},
                    {"up", !p.value("down", false)},
                    {"carrier", carrier == i},

@@ -16,10 +16,12 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "interpose/core/log.h"
@@ -28,6 +30,7 @@
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/peer/control.h"
+#include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
 #include "telemetry/event_log.h"
 
@@ -148,6 +151,8 @@ struct Path {
   ibv_qp* qp = nullptr;  // null once destroyed (the record stays for the stats)
   uint32_t qpn = 0;
   QpRecord* rec = nullptr;
+  int rail = 0;                 // Bundle::rails: 0 the application's NIC
+  ContextRecord* pc = nullptr;  // the context of qp (the provider's ops)
   uint32_t psn = 0, remote_qpn = 0, remote_psn = 0, flow_label = 0;
   // Data path, under Bundle::lk. seq counts WRs posted here; done is the
   // seq of the last one known complete (a signaled WR completes every
@@ -190,6 +195,22 @@ class SpinLock {
   std::atomic_flag f_ = ATOMIC_FLAG_INIT;
 };
 
+// A NIC a bundle has paths on: [0] the application's QP's own, then the
+// other rails the peer is reachable through (shunt's mirrors there).
+struct BundleRail {
+  const Rail* r = nullptr;  // null for [0]
+  ContextRecord* c = nullptr;
+  std::string device;
+  ibv_pd* pd = nullptr;
+  ibv_cq *scq = nullptr, *rcq = nullptr;
+  uint8_t port = 1;
+  uint16_t pkey = 0;
+  int gid_index = 0;
+  ibv_gid lgid{}, rgid{};
+  // The peer's rkeys: on its application NIC -> on its NIC of this rail.
+  std::unordered_map<uint32_t, uint32_t> rkeys;
+};
+
 }  // namespace
 
 struct Bundle {
@@ -223,6 +244,9 @@ struct Bundle {
   SpinLock lk;
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   std::vector<Path> paths;
+  std::vector<BundleRail> rails;  // set before the bundle is active, then fixed (rkeys under lk)
+  bool need_rkeys = false;  // a WR waits for an rkey of the peer's not known yet
+  int gid_type = -1;
   Path prim;  // the application's QP as a path (in flight, completions)
   int cur = 0, last = kPrimary;
   uint32_t picks = 0;
@@ -293,7 +317,44 @@ uint32_t label_seed(const Bundle* b) {
   return b->pqp->qp_num ^ (a * 2246822519u);
 }
 
-ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
+// The bundle's rails: [0] the application's NIC. Under b->mu.
+void init_rails(Bundle* b) {
+  if (!b->rails.empty()) return;
+  BundleRail z;
+  z.c = b->ctx;
+  z.device = b->ctx->device;
+  z.pd = b->pqp->pd;
+  z.scq = b->pqp->send_cq;
+  z.rcq = b->pqp->recv_cq;
+  z.port = b->port;
+  z.pkey = b->pkey;
+  z.gid_index = b->rtr.ah_attr.grh.sgid_index;
+  z.lgid = b->lgid;
+  z.rgid = b->rgid;
+  b->rails.push_back(std::move(z));
+  b->gid_type = gid_type_of(b->pqp->context, b->port, b->rtr.ah_attr.grh.sgid_index);
+}
+
+// A rail of another NIC for the bundle (its mirrors of the application's
+// PD and CQs); returns its index, or -1 with *err. Under b->mu.
+int add_rail(Bundle* b, Rail* r, std::string* err) {
+  for (size_t k = 1; k < b->rails.size(); k++)
+    if (b->rails[k].r == r) return static_cast<int>(k);
+  BundleRail x;
+  x.r = r;
+  x.c = r->rec;
+  x.device = r->device;
+  x.port = r->port;
+  x.gid_index = r->gid_index;
+  x.lgid = r->gid;
+  if (!(x.pd = mirror_pd(b->pqp->pd, r, err)) || !(x.scq = mirror_cq(b->pqp->send_cq, r, err)) ||
+      !(x.rcq = mirror_cq(b->pqp->recv_cq, r, err)))
+    return -1;
+  b->rails.push_back(std::move(x));
+  return static_cast<int>(b->rails.size()) - 1;
+}
+
+ibv_qp* create_shadow(Bundle* b, int i, std::string* err, int rail = 0) {
   ibv_qp_attr qa{};
   ibv_qp_init_attr init{};
   if (ibv_query_qp(b->pqp, &qa, IBV_QP_CAP, &init) != 0) {
@@ -305,9 +366,10 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
     *err = "ibv_create_qp: injected failure (SHUNT_TEST_SHADOW_LIMIT)";
     return nullptr;
   }
+  const BundleRail& br = b->rails[rail];
   ibv_qp_init_attr ia{};
-  ia.send_cq = b->pqp->send_cq;
-  ia.recv_cq = b->pqp->recv_cq;
+  ia.send_cq = br.scq;
+  ia.recv_cq = br.rcq;
   ia.qp_type = IBV_QPT_RC;
   ia.sq_sig_all = 0;
   ia.cap.max_send_wr = init.cap.max_send_wr + 2;  // + a fence
@@ -317,15 +379,15 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
   ia.cap.max_send_sge = init.cap.max_send_sge ? init.cap.max_send_sge : 1;
   ia.cap.max_recv_sge = init.cap.max_recv_sge ? init.cap.max_recv_sge : 1;
   ia.cap.max_inline_data = init.cap.max_inline_data;
-  ibv_qp* q = ibv_create_qp(b->pqp->pd, &ia);
+  ibv_qp* q = ibv_create_qp(br.pd, &ia);
   if (!q) {
-    *err = std::string("ibv_create_qp: ") + strerror(errno);
+    *err = br.device + ": ibv_create_qp: " + strerror(errno);
     return nullptr;
   }
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = b->pkey;
-  a.port_num = b->port;
+  a.pkey_index = br.pkey;
+  a.port_num = br.port;
   a.qp_access_flags = b->access;
   if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
     *err = std::string("shadow to INIT: ") + strerror(errno);
@@ -335,6 +397,8 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err) {
   Path p;
   p.qp = q;
   p.qpn = q->qp_num;
+  p.rail = rail;
+  p.pc = br.c;
   p.psn = random_psn();
   p.flow_label = flow_label_for(label_seed(b), i);
   b->paths.push_back(p);
@@ -374,6 +438,12 @@ bool connect_shadow(Bundle* b, Path& p, std::string* err) {
   a.dest_qp_num = p.remote_qpn;
   a.rq_psn = p.remote_psn;
   a.ah_attr.grh.flow_label = p.flow_label;
+  if (p.rail) {
+    const BundleRail& br = b->rails[p.rail];
+    a.ah_attr.port_num = br.port;
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(br.gid_index);
+    a.ah_attr.grh.dgid = br.rgid;
+  }
   if (ibv_modify_qp(p.qp, &a,
                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
@@ -438,33 +508,139 @@ void read_addrs(Bundle* b, const json& msg) {
   }
 }
 
+json path_json(const Bundle* b, const Path& p) {
+  json x = {{"qpn", p.qpn}, {"psn", p.psn}};
+  if (p.rail) x["gid"] = gid_hex(b->rails[p.rail].lgid);  // another NIC: its address
+  return x;
+}
+
 json paths_json(const Bundle* b) {
   json out = json::array();
-  for (const auto& p : b->paths) out.push_back({{"qpn", p.qpn}, {"psn", p.psn}});
+  for (const auto& p : b->paths) out.push_back(path_json(b, p));
   return out;
 }
 
-// The peer's halves, (QPN, PSN) per path, from a join request or reply;
-// false when the list is missing, empty, longer than `max` or malformed.
-bool parse_paths(const json& ps, size_t max, std::vector<std::pair<uint32_t, uint32_t>>* out) {
-  if (!ps.is_array() || ps.empty() || ps.size() > max) return false;
-  out->clear();
-  for (const auto& p : ps) {
-    if (!p.is_object() || !p.value("qpn", json()).is_number_unsigned() ||
-        !p.value("psn", json()).is_number_unsigned())
-      return false;
-    out->emplace_back(p["qpn"].get<uint32_t>() & 0xffffff, p["psn"].get<uint32_t>() & 0xffffff);
+bool parse_gid(const std::string& hex, ibv_gid* g) {
+  if (hex.size() != 32) return false;
+  for (int i = 0; i < 16; i++) {
+    unsigned v;
+    if (sscanf(hex.c_str() + 2 * i, "%2x", &v) != 1) return false;
+    g->raw[i] = static_cast<uint8_t>(v);
   }
   return true;
 }
 
+// One of the peer's halves: a path on its application NIC, or (gid set) on
+// another of its NICs; `none`: the peer has no half for this one.
+struct Half {
+  uint32_t qpn = 0, psn = 0;
+  bool rail = false, none = false;
+  ibv_gid gid{};
+};
+
+// The peer's halves from a join request or reply (null entries: none);
+// false when the list is missing, empty, longer than `max` or malformed.
+bool parse_paths(const json& ps, size_t max, std::vector<Half>* out) {
+  if (!ps.is_array() || ps.empty() || ps.size() > max) return false;
+  out->clear();
+  for (const auto& p : ps) {
+    Half h;
+    if (p.is_null()) {
+      h.none = true;
+      out->push_back(h);
+      continue;
+    }
+    if (!p.is_object() || !p.value("qpn", json()).is_number_unsigned() ||
+        !p.value("psn", json()).is_number_unsigned())
+      return false;
+    h.qpn = p["qpn"].get<uint32_t>() & 0xffffff;
+    h.psn = p["psn"].get<uint32_t>() & 0xffffff;
+    if (p.contains("gid")) {
+      std::string ip;
+      if (!p["gid"].is_string() || !parse_gid(p["gid"].get<std::string>(), &h.gid) || !gid_v4(h.gid, &ip)) return false;
+      h.rail = true;
+    }
+    out->push_back(h);
+  }
+  return true;
+}
+
+// The peer's rkeys on its other NICs: {"rails": [{"gid", "rkeys": [[app, rail], ...]}]}.
+json rkeys_json(const Bundle* b, const std::vector<uint32_t>* only = nullptr) {
+  json out = json::array();
+  for (size_t k = 1; k < b->rails.size(); k++) {
+    json m = json::array();
+    for (auto [a, x] : rkey_map(b->pqp->pd, b->rails[k].r, only ? SIZE_MAX : 1024))
+      if (!only || std::find(only->begin(), only->end(), a) != only->end()) m.push_back({a, x});
+    out.push_back({{"gid", gid_hex(b->rails[k].lgid)}, {"rkeys", m}});
+  }
+  return out;
+}
+
+// Under b->lk.
+void read_rkeys(Bundle* b, const json& msg) {
+  if (!msg.contains("rails") || !msg["rails"].is_array()) return;
+  for (const auto& r : msg["rails"]) {
+    if (!r.is_object() || !r.contains("rkeys") || !r["rkeys"].is_array()) continue;
+    std::string g = r.value("gid", "");
+    for (size_t k = 1; k < b->rails.size(); k++) {
+      if (gid_hex(b->rails[k].rgid) != g) continue;
+      for (const auto& e : r["rkeys"])
+        if (e.is_array() && e.size() == 2 && e[0].is_number_unsigned() && e[1].is_number_unsigned() &&
+            b->rails[k].rkeys.size() < 65536)
+          b->rails[k].rkeys[e[0].get<uint32_t>()] = e[1].get<uint32_t>();
+    }
+  }
+}
+
+// Whether the route to `peer` leaves through rail k (no rail path over
+// another NIC's route: its traffic would share the failure it is for).
+bool routes_through(Bundle* b, size_t k, const ibv_gid& peer) {
+  std::string ip, err;
+  if (!gid_v4(peer, &ip)) return false;
+  Rail* r = rail_toward(ip, b->gid_type, &err);
+  return r && r == b->rails[k].r;
+}
+
+// The peer's answer to our join: its halves, in our order; ours without a
+// half (no NIC of the peer's routes to that rail) go. Under b->mu.
 bool read_paths(Bundle* b, const json& reply, std::string* err) {
-  std::vector<std::pair<uint32_t, uint32_t>> remote;
-  if (!parse_paths(reply.contains("paths") ? reply["paths"] : json(), b->paths.size(), &remote)) {
+  std::vector<Half> remote;
+  if (!parse_paths(reply.contains("paths") ? reply["paths"] : json(), b->paths.size(), &remote) ||
+      remote.size() != b->paths.size()) {
     *err = "the peer's shim sent no usable paths";
     return false;
   }
-  for (size_t i = 0; i < remote.size(); i++) std::tie(b->paths[i].remote_qpn, b->paths[i].remote_psn) = remote[i];
+  std::vector<Path> keep;
+  for (size_t i = 0; i < remote.size(); i++) {
+    Path& p = b->paths[i];
+    const Half& h = remote[i];
+    bool ok = !h.none && h.rail == (p.rail != 0);
+    if (ok && p.rail) {
+      BundleRail& br = b->rails[p.rail];
+      static const ibv_gid zero{};
+      if (memcmp(br.rgid.raw, zero.raw, 16) == 0) {
+        if (routes_through(b, p.rail, h.gid)) br.rgid = h.gid;
+        else log::info("{} QP {}: no rail path over {}: the route to the peer's {} leaves through another NIC",
+                       b->ctx->device, b->pqp->qp_num, br.device, gid_hex(h.gid));
+      }
+      ok = memcmp(br.rgid.raw, h.gid.raw, 16) == 0;
+    }
+    if (!ok) {
+      ibv_destroy_qp(p.qp);
+      continue;
+    }
+    p.remote_qpn = h.qpn;
+    p.remote_psn = h.psn;
+    keep.push_back(std::move(p));
+  }
+  if (keep.empty()) {
+    *err = "the peer's shim matched none of the paths";
+    return false;
+  }
+  b->paths = std::move(keep);
+  std::lock_guard l(b->lk);
+  read_rkeys(b, reply);
   return true;
 }
 
@@ -477,13 +653,29 @@ void activate(Bundle* b) {
     b->prim.qp = b->pqp;
     b->prim.qpn = b->pqp->qp_num;
     b->prim.rec = b->primary;
+    b->prim.pc = b->ctx;
+    for (auto& p : b->paths)
+      if (!p.pc) p.pc = b->ctx;
     b->active.store(true, std::memory_order_release);
   }
   b->state = "active";
-  std::string ports;
-  for (const auto& p : b->paths) ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
-  log::info("{} QP {}: bundle active with {} shadow paths (UDP source ports {})", b->ctx->device, b->pqp->qp_num,
-            b->paths.size(), ports);
+  // "N shadow paths (UDP source ports ...)" counts those on the QP's own
+  // NIC; those on other NICs follow, per NIC.
+  std::string ports, others;
+  size_t own = 0, other = 0;
+  for (size_t k = 0; k < std::max<size_t>(b->rails.size(), 1); k++) {
+    std::string list;
+    for (const auto& p : b->paths)
+      if (p.rail == static_cast<int>(k)) list += (list.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+    if (k == 0) {
+      ports = list;
+    } else if (!list.empty()) {
+      others += (others.empty() ? "" : "; ") + b->rails[k].device + ": " + list;
+    }
+  }
+  for (const auto& p : b->paths) (p.rail ? other : own)++;
+  log::info("{} QP {}: bundle active with {} shadow paths (UDP source ports {}){}", b->ctx->device, b->pqp->qp_num,
+            own, ports, other ? " and " + std::to_string(other) + " on other NICs (" + others + ")" : std::string());
   telemetry::event("bundle_setup", {{"device", static_cast<const char*>(b->ctx->device)},
                                     {"qpn", b->pqp->qp_num},
                                     {"paths", b->paths.size()},
@@ -502,7 +694,8 @@ void register_probe_paths(Bundle* b) {
   {
     std::lock_guard g(b->mu);
     if (b->dead || !b->active.load()) return;
-    for (const auto& p : b->paths) sports.push_back(0xC000 | p.flow_label);
+    for (const auto& p : b->paths)
+      if (!p.rail) sports.push_back(0xC000 | p.flow_label);  // the engine probes from the QP's own address
   }
   auto r = peer::request(sock,
                          {{"cmd", "bundle-paths"}, {"peer", peer_ip}, {"local", local_ip}, {"sports", sports},
@@ -569,6 +762,7 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
 void wake_worker(Bundle* b);
 void start_stall_watch();
 void watch_resync(bool wait);
+bool rails_wanted(Bundle* b);
 
 void run_setup(Bundle* b) {
   ReentryGuard guard;
@@ -580,18 +774,30 @@ void run_setup(Bundle* b) {
   {
     std::lock_guard g(b->mu);
     if (b->dead) return;
+    init_rails(b);
     for (int i = 0; i < n; i++)
       if (!create_shadow(b, i, &err)) break;
     if (b->paths.empty()) goto failed;
     if (static_cast<int>(b->paths.size()) < n)
       log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
+    if (rails_wanted(b)) {
+      std::string e;
+      for (Rail* r : other_rails(b->ctx->device, b->gid_type)) {
+        int k = add_rail(b, r, &e);
+        for (int i = 0; k > 0 && i < n; i++)
+          if (!create_shadow(b, static_cast<int>(b->paths.size()), &e, k)) break;
+        if (k < 0 || !e.empty())
+          log::info("{} QP {}: shadows on {}: {}", b->ctx->device, b->pqp->qp_num, r->device, e.empty() ? "none" : e);
+        e.clear();
+      }
+    }
     b->state = "asking the peer";
   }
   {
     int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
     json join = {{"cmd", "bundle-join"},   {"gid", gid_hex(b->rgid)},       {"qpn", b->rqpn},
                  {"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
-                 {"addrs", local_addrs()}};
+                 {"addrs", local_addrs()}, {"rails", rkeys_json(b)}};
     std::optional<json> reply;
     int port = 0;
     std::string last = "no answer";
@@ -630,16 +836,20 @@ void run_setup(Bundle* b) {
     }
     if (!read_paths(b, *reply, &err)) goto failed;
     read_addrs(b, *reply);
-    while (b->paths.size() > (*reply)["paths"].size()) {  // the peer made fewer: ours beyond are not needed
-      ibv_destroy_qp(b->paths.back().qp);
-      b->paths.pop_back();
-    }
     for (auto& p : b->paths)
       if (!connect_shadow(b, p, &err)) goto failed;
     track_shadows(b);
     b->peer_port = port;
+    // The peer keeps the halves of our paths, in our order.
+    json keep = json::array();
+    for (const auto& p : b->paths) {
+      json x = {{"qpn", p.remote_qpn}};
+      if (p.rail) x["gid"] = gid_hex(b->rails[p.rail].rgid);
+      keep.push_back(x);
+    }
     g.unlock();  // no bundle lock across the network
-    auto ok = ask_peer(b, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 5000, &err);
+    auto ok = ask_peer(b, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"keep", keep}},
+                       5000, &err);
     g.lock();
     if (b->dead) return;
     if (!ok || !ok->value("ok", false)) {
@@ -663,6 +873,35 @@ failed : {
   fall_back(b, err);
 }
 
+// Paths on other NICs: wanted (SHUNT_RAILS=all) and possible. A CQ with a
+// completion channel would not wake its application for a rail's
+// completions (they land on the mirror CQ), so such a QP keeps to its NIC.
+bool rails_wanted(Bundle* b) {
+  if (config().num(Param::rails) != 0 || b->gid_type < 0) return false;
+  if (b->pqp->send_cq->channel || b->pqp->recv_cq->channel) {
+    log::once(LogLevel::info, "rails-channel",
+              "verbs bundles: a QP whose CQ has a completion channel (event mode) gets paths on its own NIC only");
+    return false;
+  }
+  return true;
+}
+
+// The answering side's rail for one of the peer's halves on another NIC:
+// the NIC its route leaves through, when that is not the application's.
+// Returns the rail index, or -1. Under b->mu.
+int rail_for_half(Bundle* b, const ibv_gid& peer, std::string* err) {
+  std::string ip;
+  if (!gid_v4(peer, &ip)) return -1;
+  Rail* r = rail_toward(ip, b->gid_type, err);
+  if (!r || r->device == b->ctx->device) return -1;
+  int k = add_rail(b, r, err);
+  if (k < 0) return -1;
+  BundleRail& br = b->rails[k];
+  static const ibv_gid zero{};
+  if (memcmp(br.rgid.raw, zero.raw, 16) == 0) br.rgid = peer;
+  return memcmp(br.rgid.raw, peer.raw, 16) == 0 ? k : -1;
+}
+
 Bundle* find_bundle(const std::string& gid, uint32_t qpn) {
   std::lock_guard g(g_mu);
   if (!g_bundles) return nullptr;
@@ -684,33 +923,70 @@ json answer_join(const json& req) {
   if (gid_hex(b->rgid) != req.value("peer_gid", "") || b->rqpn != req.value("peer_qpn", 0u))
     return {{"error", "that QP is connected to another peer"}};
   if (b->active.load() || !b->paths.empty()) return {{"error", "bundle already set up"}};
-  std::vector<std::pair<uint32_t, uint32_t>> remote;
+  std::vector<Half> remote;
   if (!parse_paths(req.value("paths", json::array()), 64, &remote)) return {{"error", "no paths, or a malformed one"}};
-  int n = std::min<int>(static_cast<int>(remote.size()), static_cast<int>(config().num(Param::paths_per_rail)));
+  init_rails(b);
+  const int n = static_cast<int>(config().num(Param::paths_per_rail));
+  const bool rails = rails_wanted(b);
+  int own = 0;
   std::string err;
-  for (int i = 0; i < n; i++)
-    if (!create_shadow(b, i, &err)) break;
+  json mine = json::array();
+  for (const Half& h : remote) {
+    int rail = h.none ? -1 : h.rail ? (rails ? rail_for_half(b, h.gid, &err) : -1) : own < n ? 0 : -1;
+    if (rail < 0 || !create_shadow(b, static_cast<int>(b->paths.size()), &err, rail)) {
+      mine.push_back(nullptr);
+      continue;
+    }
+    Path& p = b->paths.back();
+    p.remote_qpn = h.qpn;
+    p.remote_psn = h.psn;
+    if (!connect_shadow(b, p, &err)) {
+      ibv_destroy_qp(p.qp);
+      b->paths.pop_back();
+      mine.push_back(nullptr);
+      continue;
+    }
+    if (!rail) own++;
+    mine.push_back(path_json(b, p));
+  }
   if (b->paths.empty()) {
     b->state = "primary-only: " + err;
-    return {{"error", err}};
+    return {{"error", err.empty() ? "no path could be made" : err}};
   }
-  json mine = json::array();
-  for (size_t i = 0; i < b->paths.size(); i++) {
-    Path& p = b->paths[i];
-    std::tie(p.remote_qpn, p.remote_psn) = remote[i];
-    if (!connect_shadow(b, p, &err)) break;
-    mine.push_back({{"qpn", p.qpn}, {"psn", p.psn}});
-  }
-  if (mine.size() != b->paths.size()) {
-    std::lock_guard l(b->lk);
-    destroy_shadows(b, false);
-    b->state = "primary-only: " + err;
-    return {{"error", err}};
-  }
-  track_shadows(b);
   read_addrs(b, req);
+  {
+    std::lock_guard l(b->lk);
+    read_rkeys(b, req);
+  }
   b->state = "joined, waiting for activation";
-  return {{"paths", mine}, {"addrs", local_addrs()}};
+  return {{"paths", mine}, {"addrs", local_addrs()}, {"rails", rkeys_json(b)}};
+}
+
+// The deciding side's list of the paths it kept (ours by QPN and NIC), in
+// its order: ours not in it go, the rest take its order. Under b->mu.
+bool keep_paths(Bundle* b, const json& keep, std::string* err) {
+  if (!keep.is_array()) return true;  // all of them, as joined
+  std::vector<Path> kept;
+  std::vector<bool> used(b->paths.size(), false);
+  for (const auto& x : keep) {
+    uint32_t qpn = x.is_object() ? x.value("qpn", 0u) : 0;
+    std::string g = x.is_object() ? x.value("gid", "") : "";
+    size_t i = 0;
+    for (; i < b->paths.size(); i++) {
+      const Path& p = b->paths[i];
+      if (!used[i] && p.qpn == qpn && (p.rail ? gid_hex(b->rails[p.rail].lgid) == g : g.empty())) break;
+    }
+    if (i == b->paths.size()) {
+      *err = "the peer kept a path this side does not have";
+      return false;
+    }
+    used[i] = true;
+    kept.push_back(b->paths[i]);
+  }
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (!used[i]) ibv_destroy_qp(b->paths[i].qp);
+  b->paths = std::move(kept);
+  return !b->paths.empty() || (*err = "the peer kept no path", false);
 }
 
 // The deciding side could not finish the setup: this side's shadows go.
@@ -732,6 +1008,14 @@ json answer_activate(const json& req) {
     std::lock_guard g(b->mu);
     if (b->paths.empty()) return {{"error", "no shadows"}};
     if (b->active.load()) return {{"ok", true}};
+    std::string err;
+    if (!keep_paths(b, req.value("keep", json()), &err)) {
+      std::lock_guard l(b->lk);
+      destroy_shadows(b, false);
+      b->state = "primary-only: " + err;
+      return {{"error", err}};
+    }
+    track_shadows(b);
     activate(b);
     start_stall_watch();
   }
@@ -809,6 +1093,81 @@ void owe(Bundle* b, const Copy& cp, ibv_wc_status st) {
 
 // ---------------------------------------------------------------- posting
 
+// Another NIC's keys: a WR posted on a rail path carries the lkeys of the
+// MRs' mirrors there and, one-sided, the peer's rkey on its NIC of the
+// rail. false: a key has no mirror (an rkey the peer has not told yet is
+// noted, for the failover worker to ask). Under b->lk.
+constexpr int kMaxRailSge = 32;
+bool lkeys_on(const Bundle* b, int rail, const ibv_sge* in, int n, ibv_sge* out) {
+  if (n > kMaxRailSge) return false;
+  for (int i = 0; i < n; i++) {
+    out[i] = in[i];
+    if (!mirror_lkey(b->pqp->context, in[i].lkey, b->rails[rail].r, &out[i].lkey)) return false;
+  }
+  return true;
+}
+
+bool keys_on(Bundle* b, int rail, const ibv_send_wr* w, ibv_send_wr* out, ibv_sge* sg) {
+  *out = *w;
+  out->next = nullptr;
+  uint64_t len = 0;
+  for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
+  if (!(w->send_flags & IBV_SEND_INLINE) && w->num_sge > 0) {
+    if (!lkeys_on(b, rail, w->sg_list, w->num_sge, sg)) return false;
+    out->sg_list = sg;
+  }
+  uint32_t* rkey = nullptr;
+  switch (w->opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      if (len) rkey = &out->wr.rdma.rkey;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: rkey = &out->wr.atomic.rkey; break;
+    default: break;
+  }
+  if (!rkey) return true;
+  auto& m = b->rails[rail].rkeys;
+  auto it = m.find(*rkey);
+  if (it == m.end()) {
+    b->need_rkeys = true;
+    return false;
+  }
+  *rkey = it->second;
+  return true;
+}
+
+// Whether w can go on path pi as it is (always on the application's NIC).
+bool fits(Bundle* b, int pi, const ibv_send_wr* w) {
+  const Path& p = pi == kPrimary ? b->prim : b->paths[pi];
+  if (!p.rail) return true;
+  ibv_send_wr t;
+  ibv_sge sg[kMaxRailSge];
+  return keys_on(b, p.rail, w, &t, sg);
+}
+
+// Posts receives on path p, one by one with their keys on a rail path.
+int post_recvs_on(Bundle* b, Path& p, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  if (!p.rail) return p.pc->orig.post_recv(p.qp, wr, bad);
+  for (ibv_recv_wr* w = wr; w; w = w->next) {
+    ibv_recv_wr t = *w;
+    ibv_sge sg[kMaxRailSge];
+    t.next = nullptr;
+    if (!lkeys_on(b, p.rail, w->sg_list, w->num_sge, sg)) {
+      *bad = w;
+      return EINVAL;
+    }
+    t.sg_list = sg;
+    ibv_recv_wr* x = nullptr;
+    if (int rc = p.pc->orig.post_recv(p.qp, &t, &x)) {
+      *bad = w;
+      return rc;
+    }
+  }
+  return 0;
+}
+
 int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w) {
   bool sig = signaled(b, *w);
   ibv_send_wr one;
@@ -822,7 +1181,13 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   ibv_send_wr* bad = nullptr;
   Path& p = P(b, target);
   bool starts = p.posted == p.done;
-  int rc = c->orig.post_send(p.qp, post, &bad);
+  ibv_send_wr tw;
+  ibv_sge tsg[kMaxRailSge];
+  if (p.rail) {
+    if (!keys_on(b, p.rail, post, &tw, tsg)) return EINVAL;
+    post = &tw;
+  }
+  int rc = (p.pc ? p.pc : c)->orig.post_send(p.qp, post, &bad);
   if (rc) return rc;
   uint64_t len = 0;
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
@@ -866,7 +1231,7 @@ void fence(Bundle* b, ContextRecord* c, int path) {
   ibv_send_wr* bad = nullptr;
   f.opcode = IBV_WR_RDMA_WRITE;  // zero bytes: no rkey is checked (C9-88)
   f.send_flags = IBV_SEND_SIGNALED;
-  if (c->orig.post_send(p.qp, &f, &bad) != 0) return;
+  if ((p.pc ? p.pc : c)->orig.post_send(p.qp, &f, &bad) != 0) return;
   p.posted++;
   p.signaled.push() = {p.posted, kFence, 0};
   p.last_signaled = true;
@@ -907,22 +1272,30 @@ int next_flowlet_path(Bundle* b) {
   return best;
 }
 
+// A usable path w can go on as it is (its keys known there), or kNone.
+int fitting_path(Bundle* b, const ibv_send_wr* w) {
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (usable(b->paths[i]) && fits(b, static_cast<int>(i), w)) return static_cast<int>(i);
+  return kNone;
+}
+
 // Where w goes: kPrimary or a path; kWait: it waits (a fence, or a move of
 // the carrier).
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
   int target;
   if (two_sided(w->opcode)) {
-    if (b->moving || P(b, b->carrier).down) return kWait;
+    if (b->moving || P(b, b->carrier).down || !fits(b, b->carrier, w)) return kWait;
     target = b->carrier;
-  } else if (!b->flowlet && !b->moving && usable(P(b, b->carrier))) {
+  } else if (!b->flowlet && !b->moving && usable(P(b, b->carrier)) && fits(b, b->carrier, w)) {
     target = b->carrier;  // pin: with the two-sided work, never fenced
   } else {
     if (b->flowlet && (b->last == kPrimary || drained(P(b, b->last)))) b->cur = next_flowlet_path(b);
     if (b->cur < 0 || !usable(b->paths[b->cur])) b->cur = next_live(b, b->cur < 0 ? 0 : b->cur);
     target = b->cur;
+    if (target != kNone && !fits(b, target, w)) target = fitting_path(b, w);
     if (target == kNone) {  // every shadow failed: the carrier takes it all
       b->cur = 0;
-      if (b->moving || P(b, b->carrier).down) return kWait;
+      if (b->moving || P(b, b->carrier).down || !fits(b, b->carrier, w)) return kWait;
       target = b->carrier;
     }
   }
@@ -1062,7 +1435,7 @@ int64_t move_receives(Bundle* b, int to) {
   Path& t = P(b, to);
   for (size_t i = 0; i < b->recvs.size(); i++) {
     ibv_recv_wr* bad = nullptr;
-    if (int rc = b->ctx->orig.post_recv(t.qp, b->recvs[i].get(), &bad)) {
+    if (int rc = post_recvs_on(b, t, b->recvs[i].get(), &bad)) {
       log::error("{} QP {}: a receive could not move to path {} ({})", b->ctx->device, b->pqp->qp_num, to, strerror(rc));
       return -1;
     }
@@ -1271,8 +1644,8 @@ void event_moved(Bundle* b, int from, int to, const json& info) {
 bool reset_half(Bundle* b, Path& p, std::string* err) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = b->pkey;
-  a.port_num = b->port;
+  a.pkey_index = b->rails[p.rail].pkey;
+  a.port_num = b->rails[p.rail].port;
   a.qp_access_flags = b->access;
   if (ibv_modify_qp(p.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
     *err = std::string("shadow to INIT: ") + strerror(errno);
@@ -1517,6 +1890,36 @@ bool do_move(Bundle* b) {
   return true;
 }
 
+// Work waits for rkeys of the peer's not known on a rail (MRs it
+// registered after the bundle was set up): ask for them.
+void refresh_rkeys(Bundle* b) {
+  std::vector<uint32_t> want;
+  {
+    std::lock_guard l(b->lk);
+    if (!b->need_rkeys) return;
+    b->need_rkeys = false;
+    for (size_t i = 0; i < b->held.size() && want.size() < 256; i++) {
+      const ibv_send_wr& w = b->held[i].wr;
+      uint32_t k = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? w.wr.atomic.rkey
+                                                                                                   : w.wr.rdma.rkey;
+      if (std::find(want.begin(), want.end(), k) == want.end()) want.push_back(k);
+    }
+  }
+  if (want.empty()) return;
+  std::string err;
+  auto r = ask_peer(b, {{"cmd", "bundle-rkeys"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"want", want}}, 3000,
+                    &err);
+  if (!r) {
+    log::info("{} QP {}: the peer's rkeys on its other NICs: {}", b->ctx->device, b->pqp->qp_num, err);
+    std::lock_guard l(b->lk);
+    b->need_rkeys = true;
+    return;
+  }
+  std::lock_guard l(b->lk);
+  read_rkeys(b, *r);
+  flush_held(b, b->ctx);
+}
+
 // One thread per bundle once a path failed: moves the carrier and renews
 // failed shadows (the deciding side), or reports failures to the deciding
 // side (the other). Renewal retries back off exponentially to
@@ -1556,6 +1959,7 @@ void run_worker(Bundle* b) {
         if (b->paths[i].down && static_cast<int>(i) != b->carrier) down.push_back(static_cast<int>(i));
     }
     if (gave_up) return;
+    refresh_rkeys(b);
     poll_overdue_probes(b);
     if (down != seen_down) {  // a new failure: are the others behind the same fault?
       bool more = false;
@@ -1661,7 +2065,9 @@ std::vector<Bundle*> all_bundles() {
 
 // The paths of b whose work has not progressed since `stall_ms` ago, with
 // a retransmission on the port since they last progressed. Under b->lk.
-std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, int64_t retx_ms) {
+// retx_ms(rail): when the port of that rail of b last retransmitted.
+using RetxFn = std::function<int64_t(int)>;
+std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   std::vector<int> out;
   auto look = [&](Path& p, int pi) {
     if (p.down || !p.qp) return;
@@ -1670,7 +2076,7 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, int64_t
       p.watch_ms = now;
       return;
     }
-    if (now - p.watch_ms >= stall_ms && retx_ms >= p.watch_ms) out.push_back(pi);
+    if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) out.push_back(pi);
   };
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
@@ -1680,7 +2086,7 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, int64_t
 // Fails the paths that stalled; a drain first takes in what the
 // application has not polled yet (a rank busy elsewhere is no dead route).
 // Returns how many failed. Under b->mu (so the bundle's QPs live).
-int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, int64_t retx_ms) {
+int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
     std::lock_guard l(b->lk);
     if (!b->active.load() || b->gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
@@ -1709,7 +2115,15 @@ int on_port_event(const std::string& device, int port, bool up, bool wake = true
   int n = 0;
   for (Bundle* b : all) {
     std::lock_guard m(b->mu);
-    if (b->dead || !b->active.load() || device != b->ctx->device || (port && port != b->port)) continue;
+    if (b->dead || !b->active.load()) continue;
+    // The bundle's rails on that port ([0] also for a bundle without rails).
+    std::vector<int> on;
+    for (size_t k = 0; k < std::max<size_t>(b->rails.size(), 1); k++) {
+      const std::string& d = b->rails.empty() ? std::string(b->ctx->device) : b->rails[k].device;
+      uint8_t pn = b->rails.empty() ? b->port : b->rails[k].port;
+      if (d == device && (!port || port == pn)) on.push_back(static_cast<int>(k));
+    }
+    if (on.empty()) continue;
     n++;
     if (up) {
       b->renew_now.store(true);
@@ -1720,8 +2134,10 @@ int on_port_event(const std::string& device, int port, bool up, bool wake = true
     {
       std::lock_guard l(b->lk);
       if (b->gave_up) continue;
-      path_failed(b, kPrimary, kPortDown, &a);
-      for (size_t i = 0; i < b->paths.size(); i++) path_failed(b, static_cast<int>(i), kPortDown, &a);
+      auto hit = [&](const Path& p) { return std::find(on.begin(), on.end(), p.rail) != on.end(); };
+      if (hit(b->prim)) path_failed(b, kPrimary, kPortDown, &a);
+      for (size_t i = 0; i < b->paths.size(); i++)
+        if (hit(b->paths[i])) path_failed(b, static_cast<int>(i), kPortDown, &a);
       flush_held(b, b->ctx);
     }
     if (!a.down.empty()) event_down(b, a);
@@ -1750,7 +2166,10 @@ std::vector<std::string> live_devices() {
   std::vector<std::string> want;
   for (Bundle* b : all) {
     std::lock_guard m(b->mu);
-    if (!b->dead && std::find(want.begin(), want.end(), b->ctx->device) == want.end()) want.push_back(b->ctx->device);
+    if (b->dead) continue;
+    if (std::find(want.begin(), want.end(), b->ctx->device) == want.end()) want.push_back(b->ctx->device);
+    for (size_t k = 1; k < b->rails.size(); k++)
+      if (std::find(want.begin(), want.end(), b->rails[k].device) == want.end()) want.push_back(b->rails[k].device);
   }
   return want;
 }
@@ -1841,7 +2260,10 @@ void run_stall_watch() {
     for (Bundle* b : all) {
       std::lock_guard m(b->mu);
       if (b->dead || !b->active.load()) continue;
-      check_stalls(b, now, stall_ms, retx.last_rise_ms(b->ctx->device, b->port, now));
+      check_stalls(b, now, stall_ms, [&](int k) {
+        if (k <= 0 || k >= static_cast<int>(b->rails.size())) return retx.last_rise_ms(b->ctx->device, b->port, now);
+        return retx.last_rise_ms(b->rails[k].device, b->rails[k].port, now);
+      });
     }
   }
 }
@@ -1977,6 +2399,7 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
     b->prim.qp = r->qp;
     b->prim.qpn = r->qp->qp_num;
     b->prim.rec = r;
+    b->prim.pc = r->ctx;
     {
       std::lock_guard g(g_mu);
       if (!g_bundles) g_bundles = new std::vector<Bundle*>;
@@ -2094,7 +2517,7 @@ int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, i
   size_t before = b->recvs.size();
   for (ibv_recv_wr* w = wr; w; w = w->next) b->recvs.push().take(w);
   if (b->rcarrier == kNone) return 0;  // moving: posted on the new carrier with the rest
-  int rc = c->orig.post_recv(b->rcarrier == kPrimary ? qp : P(b, b->rcarrier).qp, wr, bad);
+  int rc = b->rcarrier == kPrimary ? c->orig.post_recv(qp, wr, bad) : post_recvs_on(b, P(b, b->rcarrier), wr, bad);
   if (rc) {  // forget the ones not posted
     size_t ok = 0;
     for (ibv_recv_wr* w = wr; w && w != *bad; w = w->next) ok++;
@@ -2202,6 +2625,8 @@ json bundle_json(const QpRecord& r) {
   json paths = json::array();
   for (const auto& p : b->paths)
     paths.push_back({{"qpn", p.qpn},
+                     {"device", p.rail < static_cast<int>(b->rails.size()) ? b->rails[p.rail].device
+                                                                          : std::string(b->ctx->device)},
                      {"ns_per_byte", p.ns_per_byte},
                      {"remote_qpn", p.remote_qpn},
                      {"udp_sport", 0xC000 | p.flow_label},
@@ -2274,6 +2699,15 @@ json answer(const json& req, const std::string& cmd) {
     if (cmd == "carrier-commit") return answer_carrier_commit(req);
     if (cmd == "path-renew") return answer_path_renew(req);
     if (cmd == "path-down") return answer_path_down(req);
+    if (cmd == "bundle-rkeys") {
+      Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+      if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+      std::vector<uint32_t> want;
+      for (const auto& x : req.value("want", json::array()))
+        if (x.is_number_unsigned() && want.size() < 256) want.push_back(x.get<uint32_t>());
+      std::lock_guard g(b->mu);
+      return {{"rails", rkeys_json(b, &want)}};
+    }
     if (cmd == "renew-now") {
       Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
       if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
@@ -2297,6 +2731,7 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
     Path p;
     p.qp = shadows[i];
     p.qpn = shadows[i]->qp_num;
+    p.pc = r->ctx;
     p.flow_label = flow_label_for(r->qpn, static_cast<int>(i));
     b->paths.push_back(std::move(p));
   }
@@ -2345,7 +2780,7 @@ void bundle_detach_for_test(QpRecord* r) {
 int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms) {
   Bundle* b = r->bundle.load();
   std::lock_guard m(b->mu);
-  return check_stalls(b, now_ms, stall_ms, retx_ms);
+  return check_stalls(b, now_ms, stall_ms, [=](int) { return retx_ms; });
 }
 
 int bundle_port_event_for_test(const std::string& device, int port, bool up) {

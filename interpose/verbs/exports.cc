@@ -8,6 +8,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
 
 using namespace shunt;
@@ -26,6 +27,13 @@ constexpr const char* kLib = "libibverbs.so.1";
 inline bool acting() {
   ensure_init();
   return current_mode() != Mode::off && !in_shunt();
+}
+
+// An MR the application registered: a bundle's paths on other NICs need
+// its mirror there (active mode only).
+ibv_mr* noted_mr(ibv_mr* mr, void* addr, size_t len, uint64_t iova, int access) {
+  if (mr && current_mode() == Mode::active) verbs::rails_on_reg_mr(mr, addr, len, iova, access);
+  return mr;
 }
 
 void patch_opened(ibv_context* ctx) {
@@ -82,27 +90,39 @@ __attribute__((visibility("default"))) ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 }
 
 __attribute__((visibility("default"))) int ibv_dealloc_pd(ibv_pd* pd) {
-  if (acting()) verbs::count_call(Call::ibv_dealloc_pd);
+  if (acting()) {
+    verbs::count_call(Call::ibv_dealloc_pd);
+    ReentryGuard g;
+    verbs::rails_on_dealloc_pd(pd);
+  }
   return SHUNT_REAL(ibv_dealloc_pd, "IBVERBS_1.1")(pd);
 }
 
 // ibv_reg_mr and ibv_reg_mr_iova are also function-like macros in verbs.h;
 // the parentheses keep them from expanding here.
 __attribute__((visibility("default"))) ibv_mr*(ibv_reg_mr)(ibv_pd* pd, void* addr, size_t len, int access) {
-  if (acting()) verbs::count_call(Call::ibv_reg_mr);
-  return SHUNT_REAL(ibv_reg_mr, "IBVERBS_1.1")(pd, addr, len, access);
+  if (!acting()) return SHUNT_REAL(ibv_reg_mr, "IBVERBS_1.1")(pd, addr, len, access);
+  verbs::count_call(Call::ibv_reg_mr);
+  ReentryGuard g;  // the real call may go through ibv_reg_mr_iova2
+  return noted_mr(SHUNT_REAL(ibv_reg_mr, "IBVERBS_1.1")(pd, addr, len, access), addr, len,
+                  reinterpret_cast<uintptr_t>(addr), access);
 }
 
 __attribute__((visibility("default"))) ibv_mr*(ibv_reg_mr_iova)(ibv_pd* pd, void* addr, size_t len,
                                                                 uint64_t iova, int access) {
-  if (acting()) verbs::count_call(Call::ibv_reg_mr_iova);
-  return SHUNT_REAL(ibv_reg_mr_iova, "IBVERBS_1.7")(pd, addr, len, iova, access);
+  if (!acting()) return SHUNT_REAL(ibv_reg_mr_iova, "IBVERBS_1.7")(pd, addr, len, iova, access);
+  verbs::count_call(Call::ibv_reg_mr_iova);
+  ReentryGuard g;
+  return noted_mr(SHUNT_REAL(ibv_reg_mr_iova, "IBVERBS_1.7")(pd, addr, len, iova, access), addr, len, iova, access);
 }
 
 __attribute__((visibility("default"))) ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t len,
                                                                 uint64_t iova, unsigned int access) {
-  if (acting()) verbs::count_call(Call::ibv_reg_mr_iova2);
-  return SHUNT_REAL(ibv_reg_mr_iova2, "IBVERBS_1.8")(pd, addr, len, iova, access);
+  if (!acting()) return SHUNT_REAL(ibv_reg_mr_iova2, "IBVERBS_1.8")(pd, addr, len, iova, access);
+  verbs::count_call(Call::ibv_reg_mr_iova2);
+  ReentryGuard g;
+  return noted_mr(SHUNT_REAL(ibv_reg_mr_iova2, "IBVERBS_1.8")(pd, addr, len, iova, access), addr, len, iova,
+                  static_cast<int>(access));
 }
 
 __attribute__((visibility("default"))) ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t len,
@@ -112,7 +132,11 @@ __attribute__((visibility("default"))) ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uin
 }
 
 __attribute__((visibility("default"))) int ibv_dereg_mr(ibv_mr* mr) {
-  if (acting()) verbs::count_call(Call::ibv_dereg_mr);
+  if (acting()) {
+    verbs::count_call(Call::ibv_dereg_mr);
+    ReentryGuard g;
+    verbs::rails_on_dereg_mr(mr);
+  }
   return SHUNT_REAL(ibv_dereg_mr, "IBVERBS_1.1")(mr);
 }
 
@@ -123,7 +147,11 @@ __attribute__((visibility("default"))) ibv_cq* ibv_create_cq(ibv_context* ctx, i
 }
 
 __attribute__((visibility("default"))) int ibv_destroy_cq(ibv_cq* cq) {
-  if (acting()) verbs::count_call(Call::ibv_destroy_cq);
+  if (acting()) {
+    verbs::count_call(Call::ibv_destroy_cq);
+    ReentryGuard g;
+    verbs::rails_on_destroy_cq(cq);
+  }
   return SHUNT_REAL(ibv_destroy_cq, "IBVERBS_1.1")(cq);
 }
 

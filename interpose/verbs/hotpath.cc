@@ -3,6 +3,7 @@
 // case; a cached or lock-free lookup and a few counter adds, then the
 // provider's own function.
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
 
 #include <sched.h>
@@ -112,6 +113,8 @@ int poll_body(ContextRecord* c, ibv_cq* cq, int n, ibv_wc* wc, bool owed_first) 
     got = c->orig.poll_cq(cq, n - owed, wc + owed);
     if (got < 0) return owed ? owed : got;
     if (got > 0 && g_shadow_qps.load(std::memory_order_relaxed) > 0) got = bundle_filter(c, wc + owed, got);
+    if (__builtin_expect(g_mirror_cqs.load(std::memory_order_relaxed) > 0, 0) && owed + got < n)
+      got += poll_mirrors(cq, n - owed - got, wc + owed + got);  // the bundles' paths on other NICs
   }
   got += owed;
   if (got <= 0) return got;

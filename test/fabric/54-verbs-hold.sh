@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # timeout: 500
-# When every path of a bundle is down (h1's only rail-0 link black-holed:
-# bundles do not span rails yet), shunt holds the job's work: a 6 s outage
+# When every path of a bundle is down (h1's only rail-0 link black-holed,
+# and for good with the bundle kept to rxe0: SHUNT_RAILS=own), shunt holds the job's work: a 6 s outage
 # passes with no error seen by the application (paths are renewed once the
 # link is back), while with SHUNT_HOLD_MS=2000 an outage for good gives the
 # application its error, with a log line saying why, instead of a hang.
@@ -25,7 +25,7 @@ run() {
     local extra=()
     [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
     fab exec h$((r + 1)) -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" \
-      SHUNT_HOLD_MS="$hold" SHUNT_STATS_FILE=/tmp/$tag-stats.json "$BENCH" --rank $r --world 2 \
+      SHUNT_RAILS="${RAILS:-all}" SHUNT_HOLD_MS="$hold" SHUNT_STATS_FILE=/tmp/$tag-stats.json "$BENCH" --rank $r --world 2 \
       --bootstrap "$boot" --transport verbs -d rxe0 --verb send -b 256K -e 256K -w 2 -c 1 --seg 64K \
       --duration 20 --stall-timeout 40 --retry-cnt 6 --qp-timeout 14 "${extra[@]}" > "$TMP/$tag.rank$r.out" 2>&1 &
     pids+=($!)
@@ -63,8 +63,8 @@ awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/
 grep -q "its port went down: async event" "$TMP/port.rank0.out" ||
   { cat "$TMP/port.rank0.out"; fail "shunt did not act on the port's async event"; }
 
-note "rail 0 down for good, SHUNT_HOLD_MS=2000"
-run forever 2000 0
+note "rail 0 down for good, SHUNT_HOLD_MS=2000, paths on rxe0 only (SHUNT_RAILS=own: nothing left to carry it)"
+RAILS=own run forever 2000 0
 grep -h "no path can carry" "$TMP"/forever.rank*.out | head -2
 [ "$(cat $TMP/forever.rc)" != 0 ] || fail "the job survived a rail down for good: nothing was tested"
 grep -q "no path came back within SHUNT_HOLD_MS" "$TMP"/forever.rank*.out ||

@@ -102,12 +102,13 @@ TEST(TelemetryMetrics, ABundlesPathsShowWhichIsUpWhichCarriesAndWhatEachSent) {
   HostView v;
   v.members["100"] = member("0", 4096);
   v.members["100"]["bundles"] = json::parse(R"([{"qpn":17,"device":"rxe0","state":"degraded","paths":[
-    {"path":"primary","udp_sport":0,"up":false,"carrier":false,"tx_bytes":4096,"fails":1},
-    {"path":"0","udp_sport":54943,"up":true,"carrier":true,"tx_bytes":65536,"fails":0}]}])");
+    {"path":"primary","nic":"rxe0","udp_sport":0,"up":false,"carrier":false,"tx_bytes":4096,"fails":1},
+    {"path":"0","nic":"rxe1","udp_sport":54943,"up":true,"carrier":true,"tx_bytes":65536,"fails":0}]}])");
   std::string t = render_metrics(v);
   auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
-  const std::string l0 = R"({pid="100",job="j",rank="0",device="rxe0",qpn="17",path="0",udp_sport="54943"})";
-  const std::string lp = R"({pid="100",job="j",rank="0",device="rxe0",qpn="17",path="primary",udp_sport="0"})";
+  // A path on another NIC (a rail) names it.
+  const std::string l0 = R"({pid="100",job="j",rank="0",device="rxe0",qpn="17",path="0",nic="rxe1",udp_sport="54943"})";
+  const std::string lp = R"({pid="100",job="j",rank="0",device="rxe0",qpn="17",path="primary",nic="rxe0",udp_sport="0"})";
   EXPECT_TRUE(has("shunt_bundle_path_up" + lp + " 0")) << t;
   EXPECT_TRUE(has("shunt_bundle_path_failures_total" + lp + " 1"));
   EXPECT_TRUE(has("shunt_bundle_path_carrier" + lp + " 0"));

@@ -1,0 +1,351 @@
+#include "interpose/verbs/rails.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+
+#include "interpose/core/log.h"
+#include "interpose/core/runtime.h"
+#include "interpose/verbs/bundle.h"
+
+namespace shunt::verbs {
+
+std::atomic<int> g_mirror_cqs{0};
+
+namespace {
+
+// ------------------------------------------------------------------ rails
+
+std::mutex g_rail_mu;
+std::vector<Rail*>* g_rails = nullptr;  // never freed: bundles keep pointers
+std::vector<std::pair<std::string, ibv_context*>>* g_rail_ctx = nullptr;
+
+bool v4_of(const ibv_gid& g, std::string* ip) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (memcmp(g.raw, prefix, 12) != 0) return false;
+  char s[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, g.raw + 12, s, sizeof s);
+  *ip = s;
+  return true;
+}
+
+// Shunt's own context of a device, opened once. Under g_rail_mu.
+ibv_context* rail_context(ibv_device* dev, const std::string& name, ContextRecord** rec) {
+  if (!g_rail_ctx) g_rail_ctx = new std::vector<std::pair<std::string, ibv_context*>>;
+  for (auto& [n, c] : *g_rail_ctx)
+    if (n == name) {
+      *rec = find_context(c);
+      return c;
+    }
+  ibv_context* c = ibv_open_device(dev);
+  if (!c) return nullptr;
+  if (!patch_context(c, name.c_str())) {
+    ibv_close_device(c);
+    return nullptr;
+  }
+  g_rail_ctx->emplace_back(name, c);
+  *rec = find_context(c);
+  return c;
+}
+
+// Looks at every device port again (states and addresses change) and
+// returns the rails found: active ports with an IPv4 GID of gid_type.
+// Under g_rail_mu.
+std::vector<Rail*> scan(int gid_type) {
+  if (!g_rails) g_rails = new std::vector<Rail*>;
+  std::vector<Rail*> out;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return out;
+  for (int d = 0; d < n; d++) {
+    std::string name = ibv_get_device_name(list[d]);
+    ContextRecord* rec = nullptr;
+    ibv_context* ctx = rail_context(list[d], name, &rec);
+    if (!ctx || !rec) continue;
+    ibv_device_attr da{};
+    if (ibv_query_device(ctx, &da) != 0) continue;
+    for (uint8_t port = 1; port <= da.phys_port_cnt; port++) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE ||
+          pa.link_layer != IBV_LINK_LAYER_ETHERNET)
+        continue;
+      for (int i = 0; i < pa.gid_tbl_len && i < 256; i++) {
+        ibv_gid_entry e{};
+        std::string ip;
+        if (ibv_query_gid_ex(ctx, port, i, &e, 0) != 0 || static_cast<int>(e.gid_type) != gid_type) continue;
+        ibv_gid g;
+        memcpy(g.raw, e.gid.raw, 16);
+        if (!v4_of(g, &ip)) continue;
+        Rail* r = nullptr;
+        for (Rail* x : *g_rails)
+          if (x->device == name && x->port == port && x->ip == ip) r = x;
+        if (!r) {
+          r = new Rail;
+          r->device = name;
+          r->port = port;
+          r->ip = ip;
+          g_rails->push_back(r);
+        }
+        r->ctx = ctx;
+        r->rec = rec;
+        r->gid_index = i;
+        r->gid = g;
+        out.push_back(r);
+        break;
+      }
+    }
+  }
+  ibv_free_device_list(list);
+  return out;
+}
+
+// The source address the kernel picks for ip (a connected UDP socket sends
+// nothing).
+bool source_for(const std::string& ip, std::string* src) {
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(4791);
+  if (inet_pton(AF_INET, ip.c_str(), &to.sin_addr) != 1) return false;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in me{};
+  socklen_t len = sizeof me;
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0;
+  close(fd);
+  if (!ok) return false;
+  char s[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &me.sin_addr, s, sizeof s);
+  *src = s;
+  return true;
+}
+
+// ------------------------------------------------------------------ mirrors
+
+struct MrRec {
+  ibv_mr* mr;
+  void* addr;
+  size_t len;
+  uint64_t iova;
+  int access;
+  std::vector<std::pair<const Rail*, ibv_mr*>> m;
+};
+struct PdMirror {
+  ibv_pd* app;
+  const Rail* r;
+  ibv_pd* pd;
+};
+
+std::shared_mutex g_mr_mu;
+std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>* g_by_lkey = nullptr;
+std::map<const ibv_mr*, MrRec*>* g_by_mr = nullptr;
+std::vector<PdMirror>* g_pds = nullptr;
+
+// Under g_mr_mu (exclusive).
+void mirror_mr(MrRec* m, ibv_pd* mpd, const Rail* r) {
+  ibv_mr* x = ibv_reg_mr_iova2(mpd, m->addr, m->len, m->iova, static_cast<unsigned>(m->access));
+  if (!x) {
+    log::once(LogLevel::warn, "mirror-mr-" + r->device,
+              r->device + ": an MR could not be mirrored (" + strerror(errno) +
+                  "); WRs using it stay on the application's NIC");
+    return;
+  }
+  m->m.emplace_back(r, x);
+}
+
+struct CqSlot {
+  std::atomic<ibv_cq*> app{nullptr};
+  ibv_cq* cq = nullptr;
+  ContextRecord* rec = nullptr;
+  const Rail* r = nullptr;
+};
+constexpr int kCqSlots = 256;
+CqSlot g_cqs[kCqSlots];
+std::mutex g_cq_mu;
+
+}  // namespace
+
+int gid_type_of(ibv_context* ctx, uint8_t port, int index) {
+  ibv_gid_entry e{};
+  if (ibv_query_gid_ex(ctx, port, static_cast<uint32_t>(index), &e, 0) != 0) return -1;
+  return static_cast<int>(e.gid_type);
+}
+
+Rail* rail_toward(const std::string& ip, int gid_type, std::string* err) {
+  std::string src;
+  if (!source_for(ip, &src)) {
+    *err = "no route to " + ip;
+    return nullptr;
+  }
+  std::lock_guard g(g_rail_mu);
+  for (Rail* r : scan(gid_type))
+    if (r->ip == src) return r;
+  *err = "no RDMA port with address " + src + " (the route to " + ip + ")";
+  return nullptr;
+}
+
+std::vector<Rail*> other_rails(const std::string& device, int gid_type) {
+  std::lock_guard g(g_rail_mu);
+  std::vector<Rail*> out;
+  for (Rail* r : scan(gid_type))
+    if (r->device != device) out.push_back(r);
+  return out;
+}
+
+void rails_on_reg_mr(ibv_mr* mr, void* addr, size_t len, uint64_t iova, int access) {
+  if (!mr) return;
+  std::unique_lock g(g_mr_mu);
+  if (!g_by_lkey) {
+    g_by_lkey = new std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>;
+    g_by_mr = new std::map<const ibv_mr*, MrRec*>;
+    g_pds = new std::vector<PdMirror>;
+  }
+  auto* m = new MrRec{mr, addr, len, iova, access, {}};
+  (*g_by_lkey)[{mr->context, mr->lkey}] = m;
+  (*g_by_mr)[mr] = m;
+  for (const auto& p : *g_pds)
+    if (p.app == mr->pd) mirror_mr(m, p.pd, p.r);
+}
+
+void rails_on_dereg_mr(ibv_mr* mr) {
+  MrRec* m = nullptr;
+  {
+    std::unique_lock g(g_mr_mu);
+    if (!g_by_mr) return;
+    auto it = g_by_mr->find(mr);
+    if (it == g_by_mr->end()) return;
+    m = it->second;
+    g_by_mr->erase(it);
+    g_by_lkey->erase({mr->context, mr->lkey});
+  }
+  for (auto& [r, x] : m->m) ibv_dereg_mr(x);
+  delete m;
+}
+
+void rails_on_dealloc_pd(ibv_pd* pd) {
+  std::vector<ibv_pd*> gone;
+  {
+    std::unique_lock g(g_mr_mu);
+    if (!g_pds) return;
+    for (auto it = g_pds->begin(); it != g_pds->end();) {
+      if (it->app != pd) {
+        ++it;
+        continue;
+      }
+      gone.push_back(it->pd);
+      it = g_pds->erase(it);
+    }
+  }
+  for (ibv_pd* p : gone)
+    if (ibv_dealloc_pd(p) != 0)
+      log::warn("a mirror PD could not be freed ({}): the application freed its PD with MRs or QPs left",
+                strerror(errno));
+}
+
+void rails_on_destroy_cq(ibv_cq* cq) {
+  std::lock_guard g(g_cq_mu);
+  for (auto& s : g_cqs) {
+    if (s.app.load() != cq) continue;
+    s.app.store(nullptr);
+    g_mirror_cqs.fetch_sub(1);
+    if (ibv_destroy_cq(s.cq) != 0)
+      log::warn("{}: a mirror CQ could not be destroyed ({})", s.r->device, strerror(errno));
+    s.cq = nullptr;
+  }
+}
+
+ibv_pd* mirror_pd(ibv_pd* app, const Rail* r, std::string* err) {
+  std::unique_lock g(g_mr_mu);
+  if (!g_pds) {
+    g_by_lkey = new std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>;
+    g_by_mr = new std::map<const ibv_mr*, MrRec*>;
+    g_pds = new std::vector<PdMirror>;
+  }
+  for (const auto& p : *g_pds)
+    if (p.app == app && p.r == r) return p.pd;
+  ibv_pd* pd = ibv_alloc_pd(r->ctx);
+  if (!pd) {
+    *err = r->device + ": ibv_alloc_pd: " + strerror(errno);
+    return nullptr;
+  }
+  g_pds->push_back({app, r, pd});
+  for (auto& [mr, m] : *g_by_mr)
+    if (mr->pd == app) mirror_mr(m, pd, r);
+  return pd;
+}
+
+ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, std::string* err) {
+  std::lock_guard g(g_cq_mu);
+  for (auto& s : g_cqs)
+    if (s.app.load() == app && s.r == r) return s.cq;
+  CqSlot* free = nullptr;
+  for (auto& s : g_cqs)
+    if (!s.app.load() && !s.cq) {
+      free = &s;
+      break;
+    }
+  if (!free) {
+    *err = "more than 256 mirror CQs";
+    return nullptr;
+  }
+  ibv_device_attr da{};
+  int depth = std::max(app->cqe * 2, 1024);
+  if (ibv_query_device(r->ctx, &da) == 0 && da.max_cqe > 0) depth = std::min(depth, da.max_cqe);
+  ibv_cq* cq = ibv_create_cq(r->ctx, depth, nullptr, nullptr, 0);
+  if (!cq) {
+    *err = r->device + ": ibv_create_cq: " + strerror(errno);
+    return nullptr;
+  }
+  free->cq = cq;
+  free->rec = r->rec;
+  free->r = r;
+  free->app.store(app);
+  g_mirror_cqs.fetch_add(1);
+  return cq;
+}
+
+bool mirror_lkey(const ibv_context* app_ctx, uint32_t lkey, const Rail* r, uint32_t* out) {
+  std::shared_lock g(g_mr_mu);
+  if (!g_by_lkey) return false;
+  auto it = g_by_lkey->find({app_ctx, lkey});
+  if (it == g_by_lkey->end()) return false;
+  for (auto& [rr, x] : it->second->m)
+    if (rr == r) {
+      *out = x->lkey;
+      return true;
+    }
+  return false;
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> rkey_map(ibv_pd* app, const Rail* r, size_t max) {
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  std::shared_lock g(g_mr_mu);
+  if (!g_by_mr) return out;
+  for (auto& [mr, m] : *g_by_mr) {
+    if (mr->pd != app) continue;
+    for (auto& [rr, x] : m->m)
+      if (rr == r && out.size() < max) out.emplace_back(mr->rkey, x->rkey);
+  }
+  return out;
+}
+
+int poll_mirrors(ibv_cq* cq, int n, ibv_wc* wc) {
+  int k = 0;
+  for (auto& s : g_cqs) {
+    if (k >= n) break;
+    if (s.app.load(std::memory_order_acquire) != cq) continue;
+    int got = s.rec->orig.poll_cq(s.cq, n - k, wc + k);
+    if (got > 0) k += bundle_filter(s.rec, wc + k, got);
+  }
+  return k;
+}
+
+}  // namespace shunt::verbs
