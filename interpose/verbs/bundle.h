@@ -1,5 +1,6 @@
-// The bundle behind an application's RC QP: shadow QPs on the same port,
-// each with its own flow label (so its own UDP source port and ECMP path),
+// The bundle behind an application's RC QP: shadow QPs on the same port
+// and on the other NICs the peer is reachable through (rails.h), each with
+// its own flow label (so its own UDP source port and ECMP path),
 // set up with the peer's shim over the peer channel, and the rules that keep
 // verbs semantics while one-sided work moves between them:
 // - SENDs, WRITE_WITH_IMM and atomics stay on the application's QP (its
