@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
+#include <fstream>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -37,73 +40,96 @@ bool v4_of(const ibv_gid& g, std::string* ip) {
   return true;
 }
 
-// Shunt's own context of a device, opened once. Under g_rail_mu.
-ibv_context* rail_context(ibv_device* dev, const std::string& name, ContextRecord** rec) {
+// Shunt's own context of a device, opened when a bundle first needs it
+// there. Under g_rail_mu.
+bool open_rail(Rail* r) {
+  if (r->ctx) return true;
   if (!g_rail_ctx) g_rail_ctx = new std::vector<std::pair<std::string, ibv_context*>>;
   for (auto& [n, c] : *g_rail_ctx)
-    if (n == name) {
-      *rec = find_context(c);
-      return c;
+    if (n == r->device) {
+      r->ctx = c;
+      r->rec = find_context(c);
+      return r->rec != nullptr;
     }
-  ibv_context* c = ibv_open_device(dev);
-  if (!c) return nullptr;
-  if (!patch_context(c, name.c_str())) {
-    ibv_close_device(c);
-    return nullptr;
-  }
-  g_rail_ctx->emplace_back(name, c);
-  *rec = find_context(c);
-  return c;
-}
-
-// Looks at every device port again (states and addresses change) and
-// returns the rails found: active ports with an IPv4 GID of gid_type.
-// Under g_rail_mu.
-std::vector<Rail*> scan(int gid_type) {
-  if (!g_rails) g_rails = new std::vector<Rail*>;
-  std::vector<Rail*> out;
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
-  if (!list) return out;
-  for (int d = 0; d < n; d++) {
-    std::string name = ibv_get_device_name(list[d]);
-    ContextRecord* rec = nullptr;
-    ibv_context* ctx = rail_context(list[d], name, &rec);
-    if (!ctx || !rec) continue;
-    ibv_device_attr da{};
-    if (ibv_query_device(ctx, &da) != 0) continue;
-    for (uint8_t port = 1; port <= da.phys_port_cnt; port++) {
-      ibv_port_attr pa{};
-      if (ibv_query_port(ctx, port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE ||
-          pa.link_layer != IBV_LINK_LAYER_ETHERNET)
-        continue;
-      for (int i = 0; i < pa.gid_tbl_len && i < 256; i++) {
-        ibv_gid_entry e{};
-        std::string ip;
-        if (ibv_query_gid_ex(ctx, port, i, &e, 0) != 0 || static_cast<int>(e.gid_type) != gid_type) continue;
-        ibv_gid g;
-        memcpy(g.raw, e.gid.raw, 16);
-        if (!v4_of(g, &ip)) continue;
+  ibv_context* c = nullptr;
+  for (int d = 0; list && d < n && !c; d++)
+    if (r->device == ibv_get_device_name(list[d])) c = ibv_open_device(list[d]);
+  if (list) ibv_free_device_list(list);
+  if (!c) return false;
+  if (!patch_context(c, r->device.c_str())) {
+    ibv_close_device(c);
+    return false;
+  }
+  g_rail_ctx->emplace_back(r->device, c);
+  r->ctx = c;
+  r->rec = find_context(c);
+  return r->rec != nullptr;
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string l;
+  std::getline(f, l);
+  return l;
+}
+
+// A GID type as sysfs names it (gid_attrs/types), as ibv_query_gid_ex
+// gives it on an Ethernet port.
+int sysfs_gid_type(const std::string& s) {
+  if (s == "RoCE v2") return IBV_GID_TYPE_ROCE_V2;
+  if (s == "IB/RoCE v1") return IBV_GID_TYPE_ROCE_V1;
+  return -1;
+}
+
+// Looks at every device port again (states and addresses change), from
+// sysfs, so no device is opened just to look: the rails found are active
+// Ethernet ports with an IPv4 GID of gid_type. Under g_rail_mu.
+std::vector<Rail*> scan(int gid_type, const std::string& root = "/sys/class/infiniband") {
+  if (!g_rails) g_rails = new std::vector<Rail*>;
+  std::vector<Rail*> out;
+  DIR* d = opendir(root.c_str());
+  if (!d) return out;
+  std::vector<std::string> devs;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') devs.push_back(e->d_name);
+  closedir(d);
+  std::sort(devs.begin(), devs.end());
+  for (const auto& name : devs) {
+    for (int port = 1; port <= 8; port++) {
+      std::string pdir = root + "/" + name + "/ports/" + std::to_string(port);
+      std::string state = read_line(pdir + "/state");
+      if (state.empty()) break;
+      if (state.find("ACTIVE") == std::string::npos || read_line(pdir + "/link_layer") != "Ethernet") continue;
+      for (int i = 0; i < 256; i++) {
+        std::string g = read_line(pdir + "/gids/" + std::to_string(i));
+        if (g.empty()) break;
+        if (sysfs_gid_type(read_line(pdir + "/gid_attrs/types/" + std::to_string(i))) != gid_type) continue;
+        ibv_gid gid{};
+        std::string hex, ip;
+        for (char ch : g)
+          if (ch != ':') hex += ch;
+        if (hex.size() != 32) continue;
+        for (int k = 0; k < 16; k++) gid.raw[k] = static_cast<uint8_t>(std::stoul(hex.substr(2 * k, 2), nullptr, 16));
+        if (!v4_of(gid, &ip)) continue;
         Rail* r = nullptr;
         for (Rail* x : *g_rails)
           if (x->device == name && x->port == port && x->ip == ip) r = x;
         if (!r) {
           r = new Rail;
           r->device = name;
-          r->port = port;
+          r->port = static_cast<uint8_t>(port);
           r->ip = ip;
           g_rails->push_back(r);
         }
-        r->ctx = ctx;
-        r->rec = rec;
         r->gid_index = i;
-        r->gid = g;
+        r->gid = gid;
         out.push_back(r);
         break;
       }
     }
   }
-  ibv_free_device_list(list);
   return out;
 }
 
@@ -187,7 +213,11 @@ Rail* rail_toward(const std::string& ip, int gid_type, std::string* err) {
   }
   std::lock_guard g(g_rail_mu);
   for (Rail* r : scan(gid_type))
-    if (r->ip == src) return r;
+    if (r->ip == src) {
+      if (open_rail(r)) return r;
+      *err = r->device + ": cannot open it: " + strerror(errno);
+      return nullptr;
+    }
   *err = "no RDMA port with address " + src + " (the route to " + ip + ")";
   return nullptr;
 }
@@ -196,7 +226,7 @@ std::vector<Rail*> other_rails(const std::string& device, int gid_type) {
   std::lock_guard g(g_rail_mu);
   std::vector<Rail*> out;
   for (Rail* r : scan(gid_type))
-    if (r->device != device) out.push_back(r);
+    if (r->device != device && open_rail(r)) out.push_back(r);
   return out;
 }
 
