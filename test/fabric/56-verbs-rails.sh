@@ -10,6 +10,8 @@
 # - with the default (every rail) the two-sided work, WRITE_WITH_IMM (an
 #   rkey to translate) and SEND, moves to a path on rxe1: exit 0, no error
 #   seen, #wrong 0, and rail 1's links carried the job after the fault.
+# Last, h1's rail-0 NIC falls off the PCI bus (the netdev and the rxe
+# device's QPs go): the job moves to rxe1 the same way.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -17,9 +19,11 @@ up --hosts 2 --rails 2 --spines 2
 boot=$(fab addr h1 r1):29916  # the job's bootstrap and the shims' channel ride rail 1
 KEY=rails-$$
 
-# run TAG MODE(without|own|all) VERB: rank exit codes in $TMP/TAG.rc
+# run TAG MODE(without|own|all) VERB [FAULT]: rank exit codes in $TMP/TAG.rc.
+# FAULT: port (h1's rail-0 port down, up again after the job) or nic (h1's
+# rail-0 NIC removed: for good, so last)
 run() {
-  local tag=$1 mode=$2 verb=$3 r p pids=() env=(env)
+  local tag=$1 mode=$2 verb=$3 fault=${4:-port} r p pids=() env=(env)
   [ "$mode" != without ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_LOG_LEVEL=info
     SHUNT_PATHS_PER_RAIL=2 SHUNT_RAILS="$mode" SHUNT_HOLD_MS=4000 SHUNT_STATS_FILE=/tmp/$tag-stats.json)
   for r in 1 0; do
@@ -33,11 +37,15 @@ run() {
   for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
   sleep 3
   snap "$tag.before"
-  fab fault port-down h1 r0 >/dev/null || fail "port-down h1 r0"
+  if [ "$fault" = nic ]; then
+    fab fault nic-remove h1 r0 >/dev/null || fail "nic-remove h1 r0"
+  else
+    fab fault port-down h1 r0 >/dev/null || fail "port-down h1 r0"
+  fi
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   snap "$tag.after"
-  fab fault port-up h1 r0 >/dev/null || fail "port-up h1 r0"
+  [ "$fault" = port ] && { fab fault port-up h1 r0 >/dev/null || fail "port-up h1 r0"; }
   echo "$tag: exit $rc"
   echo $rc > "$TMP/$tag.rc"
   sleep 2  # rxe0's port active again for the next run
@@ -85,4 +93,13 @@ for verb in write_imm send; do
   echo "$verb: paths that carried bytes and are up, by NIC: $nic"
   [[ "$nic" == *rxe1* ]] || fail "$verb: no path on rxe1 carried the work"
 done
-echo "ok: a rail lost for good moves the job to the other NIC, with no error and no wrong byte"
+note "libshunt, every rail, send: h1's rail-0 NIC falls off the bus"
+run nic all send nic
+grep -h "failed\|moved" "$TMP/nic.rank0.out" | head -4
+ok_run nic
+grep -q "moved" "$TMP/nic.rank0.out" || { cat "$TMP/nic.rank0.out"; fail "nic: the work never moved"; }
+fab exec h1 -- cat /tmp/nic-stats.json > "$TMP/s.json"
+nic=$(jget "$TMP/s.json" "[p['device'] for q in d['verbs']['qps'] if q.get('bundle') for p in q['bundle']['paths'] if p['bytes'] > 0 and not p['down']]")
+echo "nic: paths that carried bytes and are up, by NIC: $nic"
+[[ "$nic" == *rxe1* ]] || fail "nic: no path on rxe1 carried the work"
+echo "ok: a rail lost for good (port down, NIC removed) moves the job to the other NIC, with no error and no wrong byte"
