@@ -1164,6 +1164,7 @@ int post_recvs_on(Bundle* b, Path& p, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       *bad = w;
       return rc;
     }
+    rail_expect(1);
   }
   return 0;
 }
@@ -1189,6 +1190,7 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   }
   int rc = (p.pc ? p.pc : c)->orig.post_send(p.qp, post, &bad);
   if (rc) return rc;
+  if (p.rail && sig) rail_expect(1);
   uint64_t len = 0;
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
   const ibv_wr_opcode op = w->opcode;
@@ -1232,6 +1234,7 @@ void fence(Bundle* b, ContextRecord* c, int path) {
   f.opcode = IBV_WR_RDMA_WRITE;  // zero bytes: no rkey is checked (C9-88)
   f.send_flags = IBV_SEND_SIGNALED;
   if ((p.pc ? p.pc : c)->orig.post_send(p.qp, &f, &bad) != 0) return;
+  if (p.rail) rail_expect(1);
   p.posted++;
   p.signaled.push() = {p.posted, kFence, 0};
   p.last_signaled = true;

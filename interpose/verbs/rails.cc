@@ -22,6 +22,7 @@
 namespace shunt::verbs {
 
 std::atomic<int> g_mirror_cqs{0};
+std::atomic<int64_t> g_rail_expect{0};
 
 namespace {
 
@@ -195,6 +196,7 @@ struct CqSlot {
 };
 constexpr int kCqSlots = 256;
 CqSlot g_cqs[kCqSlots];
+std::atomic<int> g_cq_top{0};  // slots at and above are unused: the poll path looks below only
 std::mutex g_cq_mu;
 
 }  // namespace
@@ -339,6 +341,8 @@ ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, std::string* err) {
   free->r = r;
   free->app.store(app);
   g_mirror_cqs.fetch_add(1);
+  int idx = static_cast<int>(free - g_cqs);
+  if (idx >= g_cq_top.load()) g_cq_top.store(idx + 1);
   return cq;
 }
 
@@ -369,11 +373,17 @@ std::vector<std::pair<uint32_t, uint32_t>> rkey_map(ibv_pd* app, const Rail* r, 
 
 int poll_mirrors(ibv_cq* cq, int n, ibv_wc* wc) {
   int k = 0;
-  for (auto& s : g_cqs) {
-    if (k >= n) break;
+  const int top = g_cq_top.load(std::memory_order_acquire);
+  for (int i = 0; i < top && k < n; i++) {
+    CqSlot& s = g_cqs[i];
     if (s.app.load(std::memory_order_acquire) != cq) continue;
     int got = s.rec->orig.poll_cq(s.cq, n - k, wc + k);
-    if (got > 0) k += bundle_filter(s.rec, wc + k, got);
+    if (got > 0) {
+      rail_expect(-got);
+      k += bundle_filter(s.rec, wc + k, got);
+    } else if (got == 0 && g_rail_expect.load(std::memory_order_relaxed) < 0) {
+      g_rail_expect.store(0, std::memory_order_relaxed);  // flushes of unsignaled WRs counted down past 0
+    }
   }
   return k;
 }

@@ -64,6 +64,13 @@ std::vector<std::pair<uint32_t, uint32_t>> rkey_map(ibv_pd* app, const Rail* r, 
 
 // Mirror CQs exist: the poll path looks for them only then.
 extern std::atomic<int> g_mirror_cqs;
+// Completions expected on mirror CQs (signaled WRs and receives posted on
+// rail paths, less completions polled there): while above 0, every poll
+// of the application looks at its mirrors. Approximate (flushes of
+// unsignaled WRs also complete), hence only a hint: polls look at the
+// mirrors now and then regardless.
+extern std::atomic<int64_t> g_rail_expect;
+inline void rail_expect(int64_t n) { g_rail_expect.fetch_add(n, std::memory_order_relaxed); }
 // Polls the mirror CQs of `cq` (each filtered like the application's
 // completions: see bundle_filter) into wc[0..n); returns how many.
 int poll_mirrors(ibv_cq* cq, int n, ibv_wc* wc);
