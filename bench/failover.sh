@@ -1,34 +1,84 @@
 #!/usr/bin/env bash
-# Failover on the fabric: `shunt-bench scenario blackhole --link l1r0-s1`
-# (h1's rail-0 leaf loses its uplink to spine s1 silently for 10 s), with 2
-# and with 4 ranks, each run without and with libshunt side by side.
-# Reported per case: how each run ended, the time from the fault until
-# throughput is back to 90% of before, the longest stretch of zero
-# throughput, and throughput before, during and after the fault.
+# Failover on the fabric, per fault: `shunt-bench scenario` (2 ranks,
+# verbs all-to-all write_imm, -c 1; each scenario on a fresh 2-host,
+# 2-rail, 2-spine fabric of soft-RoCE guests), without and with libshunt
+# side by side. The faults (see shunt-bench(1)):
+#   link-down 20 s  h1's rail-0 link goes silently dark for 20 s, then up
+#   link-down       the same, for good
+#   port-down 10 s  h1's rail-0 port loses its carrier (port event), then up
+#   flap 30 s       h1's rail-0 link down and up every 500 ms for 30 s
+#   spine 10 s      every link of spine s1 drops everything
+#   nic-remove      h1's rail-0 NIC falls off the bus (rail lost for good)
+#   two-rails 10 s  h1's leaves lose their uplink to s1 on both rails at once
+#   cascade 10 s    h1's rail-0 leaf loses its uplink to s1, then 0.7 s later
+#                   (a failover under way) the one to s2
+# Reported per fault: how the run without libshunt ended; with it: exit,
+# errors the application saw, bytes wrong, how long until a path was found
+# down, until the first completion after the fault, until the throughput of
+# the last second was back to 90% of before, bytes shunt replayed, how long
+# after healing every failed path was back in service (failback), and the
+# throughput before, during and after the fault.
+# FAILOVER_BENCH_ONLY="port-down nic-remove" runs some of them.
 set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 case $B in /*) ;; *) B=$PWD/$B ;; esac
 export SHUNT_FABRIC_GUEST=${SHUNT_FABRIC_GUEST:-$B/guest}
 out=$B/bench/failover
+rm -rf "$out"
 mkdir -p "$out"
-rc=0
-for ranks in 2 4; do
-  "$B/bin/shunt-bench" scenario blackhole --link l1r0-s1 --ranks $ranks --duration 30 --out "$out/r$ranks" \
-    > "$out/r$ranks.log" 2>&1
-  c=$?
-  [ $c = 77 ] && { tail -1 "$out/r$ranks.log"; exit 0; }
-  [ $c = 0 ] || { cat "$out/r$ranks.log"; rc=1; }
+# tag | scenario and its options
+cases=(
+  "link-down-20s|link-down --fault-for 20 --duration 40"
+  "link-down-for-good|link-down --fault-for 0 --duration 30"
+  "port-down-10s|port-down --fault-for 10 --duration 30"
+  "flap-30s|flap --flap-ms 500 --fault-for 30 --duration 50"
+  "spine-10s|spine --fault-for 10 --duration 30"
+  "nic-remove|nic-remove --duration 30"
+  "two-rails-10s|two-rails --fault-for 10 --duration 30"
+  "cascade-10s|cascade --fault-for 10 --duration 30"
+)
+rc=0 ran=()
+for c in "${cases[@]}"; do
+  tag=${c%%|*} args=${c#*|}
+  if [ -n "${FAILOVER_BENCH_ONLY:-}" ]; then
+    case " $FAILOVER_BENCH_ONLY " in *" ${args%% *} "*|*" $tag "*) ;; *) continue ;; esac
+  fi
+  echo "--- $tag: shunt-bench scenario $args"
+  # shellcheck disable=SC2086
+  "$B/bin/shunt-bench" scenario $args --fault-at 8 --out "$out/$tag" > "$out/$tag.log" 2>&1
+  x=$?
+  [ $x = 77 ] && { tail -1 "$out/$tag.log"; exit 0; }
+  [ $x = 0 ] || { cat "$out/$tag.log"; rc=1; continue; }
+  ran+=("$tag")
 done
-python3 - "$out" <<'PY'
+[ ${#ran[@]} -gt 0 ] || exit $rc
+python3 - "$out" "${ran[@]}" <<'PY'
 import json, sys
-out = sys.argv[1]
-rows = ["exit status", "errors seen by the app", "bytes wrong", "time to recover", "longest zero-throughput",
-        "GB/s before the fault", "GB/s during the fault", "GB/s after healing"]
-print(f"{'blackhole l1r0-s1, 10 s':<26}" + "".join(f"{h:<22}" for h in
-      ("2 ranks without", "2 ranks with", "4 ranks without", "4 ranks with")))
-s = {r: json.load(open(f"{out}/r{r}/summary.json")) for r in (2, 4)}
-for k in rows:
-    print(f"{k:<26}" + "".join(f"{str(s[r][m].get(k, '-'))[:21]:<22}" for r in (2, 4) for m in ("without", "with")))
+out, tags = sys.argv[1], sys.argv[2:]
+def short(s, n):
+    s = str(s)
+    return s if len(s) <= n else s[: n - 1] + "~"
+cols = [("without: ended", lambda w, s: "exit %s, %s err" % (w["exit status"], w["errors seen by the app"])),
+        ("with: ended", lambda w, s: "exit %s, %s err, %s wrong" % (s["exit status"], s["errors seen by the app"],
+                                                                    s["bytes wrong"])),
+        ("path down", lambda w, s: s.get("path down after", "-")),
+        ("1st completion", lambda w, s: s.get("first completion after", "-")),
+        (">=90% after", lambda w, s: s["time to recover"]),
+        ("replayed B", lambda w, s: s.get("bytes replayed", "-")),
+        ("failback", lambda w, s: s.get("failback after healing", "-")),
+        ("GB/s before/during/after", lambda w, s: "%s/%s/%s" % (s["GB/s before the fault"], s["GB/s during the fault"],
+                                                               s["GB/s after healing"]))]
+widths = [19, 26, 24, 10, 14, 12, 11, 9, 24]
+print("".join(h.ljust(w) for h, w in zip(["fault"] + [c[0] for c in cols], widths)))
+for t in tags:
+    try:
+        s = json.load(open(f"{out}/{t}/summary.json"))
+    except (OSError, ValueError):
+        print(t.ljust(widths[0]) + "no summary")
+        continue
+    cells = [t] + [f(s["without"], s["with"]) for _, f in cols]
+    print("".join(short(c, w - 1).ljust(w) for c, w in zip(cells, widths)))
+print(f"(plots and per-run data under {out}/)")
 PY
 exit $rc

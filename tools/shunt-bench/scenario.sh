@@ -4,17 +4,29 @@
 # `shunt-bench scenario NAME`.
 #
 # Usage: shunt-bench scenario NAME [options]
-#   NAME          link-down | port-down | flap | blackhole
+#   NAME          link-down | port-down | flap | blackhole | spine | two-rails |
+#                 cascade | nic-remove
+#                 link-down: LINK down (a host link goes silently dark; an
+#                 uplink re-routes); port-down: h1's rail-0 port (carrier);
+#                 flap: LINK down and up every --flap-ms; blackhole: LINK
+#                 drops everything; spine: every link of --spine drops
+#                 everything; two-rails: h1's leaves on rails 0 and 1 lose
+#                 their uplinks to s1 at once; cascade: h1's rail-0 leaf
+#                 loses its uplink to s1, and 0.7 s later (a failover under
+#                 way) the one to s2; nic-remove: h1's rail-0 NIC falls off
+#                 the bus (for good)
 #   --link L      the link to fault (default h1-r0, h1's own link on rail 0;
-#                 e.g. l1r0-s1, its leaf's uplink to spine s1); port-down is
-#                 always h1's port on rail 0
+#                 e.g. l1r0-s1, its leaf's uplink to spine s1)
+#   --spine S     the spine for `spine` (default s1)
+#   --flap-ms MS  a down+up cycle of `flap` (default 1000)
 #   --transport T verbs (default) or tcp
 #   --verb V      write_imm (default) or send
 #   --ranks N     ranks, one guest each (default 2)
 #   --size BYTES  message size (default 1M)
 #   --duration S  seconds per run (default 40)
 #   --fault-at S  seconds after rank 0's timeline starts (default 10)
-#   --fault-for S seconds until the fault is healed (default 10)
+#   --fault-for S seconds until the fault is healed (default 10; 0: never,
+#                 the fault is for good)
 #   --stall S     the benchmark's --stall-timeout (default 15)
 #   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
 #                 (default 6 and 14: rxe treats 7 retries as "forever")
@@ -24,14 +36,17 @@
 # the fabric or the harness failed, 77 when no fabric can be built here.
 set -u
 name=${1:-}
-case $name in link-down|port-down|flap|blackhole) shift ;;
-  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
+  *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
-link=h1-r0
+link=h1-r0 spine=s1 flap_ms=1000
+[ $name = nic-remove ] && fault_for=0
 while [ $# -gt 0 ]; do
   case $1 in
     --transport) transport=$2; shift ;;
     --link) link=$2; shift ;;
+    --spine) spine=$2; shift ;;
+    --flap-ms) flap_ms=$2; shift ;;
     --verb) verb=$2; shift ;;
     --ranks) ranks=$2; shift ;;
     --size) size=$2; shift ;;
@@ -69,13 +84,25 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+case $name in
+  port-down) where="h1's port on rail 0" ;;
+  nic-remove) where="h1's NIC on rail 0" ;;
+  spine) where="every link of $spine" ;;
+  two-rails) where="l1r0-s1 and l1r1-s1" ;;
+  cascade) where="l1r0-s1, then l1r0-s2" ;;
+  flap) where="$link every ${flap_ms} ms" ;;
+  *) where=$link ;;
+esac
 echo "scenario $name: $transport${transport:+ }$([ $transport = verbs ] && echo $verb), $ranks ranks, $size," \
-  "fault on $([ $name = port-down ] && echo "h1's port on rail 0" || echo "$link") at ${fault_at}s for ${fault_for}s, ${duration}s per run"
+  "fault on $where at ${fault_at}s $([ "$fault_for" = 0 ] && echo "for good" || echo "for ${fault_for}s"), ${duration}s per run"
 fab up --hosts "$ranks" --rails 2 --spines 2 >"$out/fabric.log" 2>&1 ||
   { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric"; exit 2; }
 boot=$(fab addr h1 r1):29700  # the bootstrap rides rail 1: the fault is on rail 0
 
+spine_links() { fab links --json | python3 -c "import json,sys; print(' '.join(k for k in json.load(sys.stdin) if k.endswith('-$spine')))"; }
+
 inject() {
+  local l
   case $name:$1 in
     link-down:on) fab fault link-down "$link" ;;
     link-down:off) fab fault link-up "$link" ;;
@@ -83,8 +110,16 @@ inject() {
     port-down:off) fab fault port-up h1 r0 ;;
     blackhole:on) fab fault blackhole "$link" ;;
     blackhole:off) fab fault unblackhole "$link" ;;
-    flap:on) fab fault flap "$link" --period 1000 --count "$fault_for" ;;
-    flap:off) ;;
+    flap:on) fab fault flap "$link" --period "$flap_ms" --count $((fault_for * 1000 / flap_ms)) & ;;
+    flap:off) wait; fab fault link-up "$link" ;;
+    spine:on) for l in $(spine_links); do fab fault blackhole "$l"; done ;;
+    spine:off) for l in $(spine_links); do fab fault unblackhole "$l"; done ;;
+    two-rails:on) fab fault blackhole l1r0-s1; fab fault blackhole l1r1-s1 ;;
+    two-rails:off) fab fault unblackhole l1r0-s1; fab fault unblackhole l1r1-s1 ;;
+    cascade:on) fab fault blackhole l1r0-s1; sleep 0.7; fab fault blackhole l1r0-s2 ;;
+    cascade:off) fab fault unblackhole l1r0-s1; fab fault unblackhole l1r0-s2 ;;
+    nic-remove:on) fab fault nic-remove h1 r0 ;;
+    nic-remove:off) ;;
   esac
 }
 
@@ -97,10 +132,13 @@ clock_offset() {
 
 # run_one MODE: the workload on every guest, the fault injected meanwhile
 run_one() {
-  local mode=$1 r pids=() env=()
+  local mode=$1 r pids=() env=(env)
   # with: bundles need the job's key for the shims' peer channel (shunt-run
   # makes one per job)
-  [ "$mode" = with ] && env=(-e "LD_PRELOAD=$shim" -e "SHUNT_MODE=active" -e "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM")
+  # (set for the benchmark itself: `timeout` preloaded would write the
+  # stats file too, at its own exit, after the benchmark's)
+  [ "$mode" = with ] && env=(env "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
+    "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl")
   local marks=$out/$mode.marks off
   off=$(clock_offset)
   : >"$marks"
@@ -119,12 +157,14 @@ run_one() {
         done
         sleep "$fault_at"
         echo "@$(python3 -c "import time; print(time.time() + $off)"):$name" >>"$marks"; inject on
-        sleep "$fault_for"
-        echo "@$(python3 -c "import time; print(time.time() + $off)"):healed" >>"$marks"; inject off ) \
+        if [ "$fault_for" != 0 ]; then
+          sleep "$fault_for"
+          echo "@$(python3 -c "import time; print(time.time() + $off)"):healed" >>"$marks"; inject off
+        fi ) \
         >"$out/$mode.inject.log" 2>&1 &
       injector=$!
     fi
-    fab exec "${env[@]}" h$((r + 1)) -- timeout $((duration + stall + 120)) "$bench" --rank $r "${args[@]}" "${extra[@]}" \
+    fab exec h$((r + 1)) -- timeout $((duration + stall + 120)) "${env[@]}" "$bench" --rank $r "${args[@]}" "${extra[@]}" \
       >"$out/$mode.rank$r.out" 2>&1 &
     pids+=($!)
   done
@@ -133,6 +173,12 @@ run_one() {
   wait "$injector" 2>/dev/null; injector=
   echo "$rc" >"$out/$mode.rc"
   fab exec h1 -- cat "/tmp/shunt-bench-$mode.json" >"$out/$mode.json" 2>/dev/null || rm -f "$out/$mode.json"
+  if [ "$mode" = with ]; then  # what shunt did: every rank's stats and event log
+    for ((r = 0; r < ranks; r++)); do
+      fab exec h$((r + 1)) -- cat /tmp/shunt-stats.json >"$out/with.stats$r.json" 2>/dev/null
+      fab exec h$((r + 1)) -- cat /tmp/shunt-events.jsonl >"$out/with.events$r.jsonl" 2>/dev/null
+    done
+  fi
   # place the fault marks (guest epochs) on the run's own timeline
   [ -s "$out/$mode.json" ] && python3 - "$out/$mode.json" "$marks" <<'PY'
 import json, sys
@@ -150,10 +196,15 @@ for mode in without with; do
   echo "--- run $mode libshunt"
   run_one $mode
   inject off >/dev/null 2>&1  # healed whatever happened
+  if [ $name = nic-remove ] && [ $mode = without ]; then  # for good: a fresh fabric for the next run
+    fab down >/dev/null 2>&1
+    fab up --hosts "$ranks" --rails 2 --spines 2 >"$out/fabric.log" 2>&1 ||
+      { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric again"; exit 2; }
+  fi
   sleep 2
 done
 
-"$bench" plot -o "$out/$name.png" --title "$name on $([ $name = port-down ] && echo "h1 rail 0" || echo "$link"): without and with libshunt" \
+"$bench" plot -o "$out/$name.png" --title "$name on $where: without and with libshunt" \
   "$out/without.json" "$out/with.json" 2>"$out/plot.err" || cat "$out/plot.err"
 python3 - "$out" "$name" <<'PY'
 import json, os, sys
@@ -194,15 +245,26 @@ def phases(j):
     res["during"] = mean(fault, healed if healed is not None else end)
     res["after"] = mean(healed, end) if healed is not None and end > healed else None
     base = res["before"] or 0
-    # time to recover: from the fault until throughput is back to 90% of
-    # what it was before, counted after the dip the fault caused (none: 0)
+    # the first completion after the fault: at once when throughput never
+    # stopped (in the 8 s after the fault), else the end of the first zero
+    # stretch after the fault
+    zero = next((t for t, g in s if fault < t <= fault + 8 and g == 0), None)
+    if zero is None:
+        res["first"] = 0.0 if s and s[-1][0] > fault else None
+    else:
+        res["first"] = next((t - fault for t, g in s if t > zero and g > 0), None)
+    # time to recover: from the fault until the throughput of the last
+    # second is back to 90% of what it was before, once the job completes
+    # again (samples jitter: one sample is no measure)
     res["recover"] = None
-    if base:
-        dip = next((t for t, g in s if t > fault and g < 0.9 * base), None)
-        if dip is None:
-            res["recover"] = 0.0
-        else:
-            res["recover"] = next((t - fault for t, g in s if t > dip and g >= 0.9 * base), None)
+    if base and res["first"] is not None:
+        for t, g in s:
+            if t < fault + res["first"] or t < fault:
+                continue
+            avg = mean(t - 1.0, t)
+            if avg is not None and avg >= 0.9 * base:
+                res["recover"] = t - fault
+                break
     longest = cur = 0.0
     prev = 0.0
     for t, g in s:
@@ -211,6 +273,50 @@ def phases(j):
         prev = t
     res["stall"] = longest
     return res
+
+def shunt_did(j):
+    """From the with-run's stats files and event logs (every rank): bytes
+    replayed, when the first path went down after the fault, and when the
+    last failed path was back after healing (guest epoch seconds)."""
+    d = {"replayed": None, "detect": None, "failback": None}
+    rb = 0
+    seen = False
+    for f in sorted(os.listdir(out)):
+        if f.startswith("with.stats"):
+            try:
+                st = json.load(open(os.path.join(out, f)))
+            except (OSError, ValueError):
+                continue
+            for q in st.get("verbs", {}).get("qps", []):
+                b = q.get("bundle")
+                if b:
+                    seen = True
+                    rb += b.get("replayed_bytes", 0)
+    if seen:
+        d["replayed"] = rb
+    if not j or "timeline" not in j:
+        return d
+    start = j["timeline"].get("start_wall", 0)
+    marks = {m["label"]: m["t"] + start for m in j["marks"]}
+    fault, healed = marks.get(name), marks.get("healed")
+    ev = []
+    for f in sorted(os.listdir(out)):
+        if f.startswith("with.events"):
+            for line in open(os.path.join(out, f), errors="replace"):
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                ev.append((e.get("wall_ns", 0) / 1e9, e.get("event")))
+    if fault is not None:
+        downs = [t for t, e in ev if e == "path_down" and t >= fault - 0.05]
+        if downs:
+            d["detect"] = min(downs) - fault
+    if healed is not None:
+        ups = [t for t, e in ev if e == "path_up" and t >= healed]
+        if ups:
+            d["failback"] = max(ups) - healed
+    return d
 
 runs = [load("without"), load("with")]
 def fmt(v, unit="", nd=3):
@@ -239,6 +345,17 @@ for r in runs:
     else:
         col["time to recover"] = f"never (run ended at {p['end']:.1f} s)"
     col["longest zero-throughput"] = fmt(p.get("stall"), " s", 1)
+    if p.get("fault") is None or j.get("error"):
+        col["first completion after"] = "-"
+    else:
+        col["first completion after"] = fmt(p.get("first"), " s", 1)
+    if r["mode"] == "with":
+        d = shunt_did(j)
+        col["path down after"] = fmt(d["detect"], " s", 2)
+        col["bytes replayed"] = "-" if d["replayed"] is None else str(d["replayed"])
+        col["failback after healing"] = fmt(d["failback"], " s", 1)
+    else:
+        col["path down after"] = col["bytes replayed"] = col["failback after healing"] = "-"
     rows.append(col)
 print()
 print(f"{'scenario ' + name:<26} {'without libshunt':<34} {'with libshunt':<34}")
