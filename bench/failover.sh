@@ -7,7 +7,7 @@
 #   link-down       the same, for good
 #   port-down 10 s  h1's rail-0 port loses its carrier (port event), then up
 #   flap 30 s       h1's rail-0 link down and up every 500 ms for 30 s
-#   spine 10 s      every link of spine s1 drops everything
+#   spine 10 s      every link of spine s1 on rails 0 and 1 drops everything
 #   nic-remove      h1's rail-0 NIC falls off the bus (rail lost for good)
 #   two-rails 10 s  h1's leaves lose their uplink to s1 on both rails at once
 #   cascade 10 s    h1's rail-0 leaf loses its uplink to s1, then 0.7 s later

@@ -222,6 +222,7 @@ struct Bundle {
   bool dead = false, started = false, registered = false, probed = false;
   std::string state = "waiting for RTS";
   int access = 0;
+  int peer_access = -1;  // the peer QP's access flags (its shadows have them); -1: not told
   uint8_t port = 1;
   uint16_t pkey = 0;
   bool have_rtr = false, have_rts = false;
@@ -347,8 +348,9 @@ int add_rail(Bundle* b, Rail* r, std::string* err) {
   x.port = r->port;
   x.gid_index = r->gid_index;
   x.lgid = r->gid;
-  if (!(x.pd = mirror_pd(b->pqp->pd, r, err)) || !(x.scq = mirror_cq(b->pqp->send_cq, r, err)) ||
-      !(x.rcq = mirror_cq(b->pqp->recv_cq, r, err)))
+  const LoopAddr at{b->port, b->rtr.ah_attr.grh.sgid_index};
+  if (!(x.pd = mirror_pd(b->pqp->pd, r, err)) || !(x.scq = mirror_cq(b->pqp->send_cq, r, at, err)) ||
+      !(x.rcq = mirror_cq(b->pqp->recv_cq, r, at, err)))
     return -1;
   b->rails.push_back(std::move(x));
   return static_cast<int>(b->rails.size()) - 1;
@@ -797,7 +799,7 @@ void run_setup(Bundle* b) {
     int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
     json join = {{"cmd", "bundle-join"},   {"gid", gid_hex(b->rgid)},       {"qpn", b->rqpn},
                  {"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
-                 {"addrs", local_addrs()}, {"rails", rkeys_json(b)}};
+                 {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}};
     std::optional<json> reply;
     int port = 0;
     std::string last = "no answer";
@@ -836,6 +838,7 @@ void run_setup(Bundle* b) {
     }
     if (!read_paths(b, *reply, &err)) goto failed;
     read_addrs(b, *reply);
+    b->peer_access = reply->value("access", -1);
     for (auto& p : b->paths)
       if (!connect_shadow(b, p, &err)) goto failed;
     track_shadows(b);
@@ -873,18 +876,9 @@ failed : {
   fall_back(b, err);
 }
 
-// Paths on other NICs: wanted (SHUNT_RAILS=all) and possible. A CQ with a
-// completion channel would not wake its application for a rail's
-// completions (they land on the mirror CQ), so such a QP keeps to its NIC.
-bool rails_wanted(Bundle* b) {
-  if (config().num(Param::rails) != 0 || b->gid_type < 0) return false;
-  if (b->pqp->send_cq->channel || b->pqp->recv_cq->channel) {
-    log::once(LogLevel::info, "rails-channel",
-              "verbs bundles: a QP whose CQ has a completion channel (event mode) gets paths on its own NIC only");
-    return false;
-  }
-  return true;
-}
+// Paths on other NICs: wanted (SHUNT_RAILS=all) and possible (an IPv4
+// GID whose type shunt knows).
+bool rails_wanted(Bundle* b) { return config().num(Param::rails) == 0 && b->gid_type >= 0; }
 
 // The answering side's rail for one of the peer's halves on another NIC:
 // the NIC its route leaves through, when that is not the application's.
@@ -954,12 +948,13 @@ json answer_join(const json& req) {
     return {{"error", err.empty() ? "no path could be made" : err}};
   }
   read_addrs(b, req);
+  b->peer_access = req.value("access", -1);
   {
     std::lock_guard l(b->lk);
     read_rkeys(b, req);
   }
   b->state = "joined, waiting for activation";
-  return {{"paths", mine}, {"addrs", local_addrs()}, {"rails", rkeys_json(b)}};
+  return {{"paths", mine}, {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}};
 }
 
 // The deciding side's list of the paths it kept (ours by QPN and NIC), in
@@ -1225,13 +1220,26 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   return 0;
 }
 
+// Shunt's own zero-byte WR (fences, probes): a WRITE, no rkey is checked
+// (C9-88), but the responder still wants the QP's remote write access; a
+// READ where the peer's QP allows only reads; none where it allows neither
+// (an application of SENDs only, like ibv_rc_pingpong).
+int own_opcode(const Bundle* b) {
+  int a = b->peer_access >= 0 ? b->peer_access : b->access;
+  if (a & IBV_ACCESS_REMOTE_WRITE) return IBV_WR_RDMA_WRITE;
+  if (a & IBV_ACCESS_REMOTE_READ) return IBV_WR_RDMA_READ;
+  return -1;
+}
+
 // Makes sure the path will report when it drains.
 void fence(Bundle* b, ContextRecord* c, int path) {
   Path& p = P(b, path);
   if (p.last_signaled || p.down) return;
+  const int op = own_opcode(b);
+  if (op < 0) return;
   ibv_send_wr f{};
   ibv_send_wr* bad = nullptr;
-  f.opcode = IBV_WR_RDMA_WRITE;  // zero bytes: no rkey is checked (C9-88)
+  f.opcode = static_cast<ibv_wr_opcode>(op);
   f.send_flags = IBV_SEND_SIGNALED;
   if ((p.pc ? p.pc : c)->orig.post_send(p.qp, &f, &bad) != 0) return;
   if (p.rail) rail_expect(1);
@@ -1451,7 +1459,8 @@ int64_t move_receives(Bundle* b, int to) {
 // the last of those executed there (their completions are owed), the rest
 // are posted again on the new carrier, which takes two-sided work from now.
 bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info) {
-  std::lock_guard l(b->lk);
+  bool pending_bell = false;
+  std::unique_lock l(b->lk);
   Path& o = P(b, from);
   size_t cut = 0;
   for (size_t i = 0; i < o.infl.size(); i++)
@@ -1475,10 +1484,16 @@ bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info)
   b->moves++;
   flush_held(b, b->ctx);
   if (owed) {  // a real completion wakes an application waiting in event mode
-    P(b, to).last_signaled = false;
+    Path& t = P(b, to);
+    t.last_signaled = false;
     fence(b, b->ctx, to);
+    // No fence (the peer's QP allows no remote access): the doorbell, where
+    // the CQ has one, lands a completion of shunt's on it instead.
+    if (!t.last_signaled && b->pqp->send_cq->channel) pending_bell = true;
   }
   *info = {{"replayed", again}, {"completed", owed}, {"peer_consumed", peer_consumed}};
+  l.unlock();
+  if (pending_bell) ring_doorbell(b->pqp->send_cq);
   return true;
 }
 
@@ -2241,6 +2256,8 @@ void run_stall_watch() {
     std::vector<pollfd> fds{{g_watch_wake, POLLIN, 0}};
     for (auto& e : srcs)
       if (e.ctx) fds.push_back({e.ctx->async_fd, POLLIN, 0});
+    const size_t first_channel = fds.size();
+    for (int fd : rail_channel_fds()) fds.push_back({fd, POLLIN, 0});  // mirror CQs of event-mode CQs
     int wait = static_cast<int>(std::max<int64_t>(0, next_look - mono_ms()));
     if (poll(fds.data(), fds.size(), wait) > 0) {
       uint64_t n;
@@ -2255,6 +2272,8 @@ void run_stall_watch() {
           e.ctx = nullptr;  // left open: the device may still be torn down under us
         }
       }
+      for (size_t i = first_channel; i < fds.size(); i++)
+        if (fds[i].revents & POLLIN) rail_channel_ready(fds[i].fd);
     }
     if (!stall_ms || mono_ms() < next_look) continue;
     next_look = mono_ms() + tick;
@@ -2534,6 +2553,10 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
   Bundle *touched = nullptr, *pending_flush = nullptr;
   for (int i = 0; i < n; i++) {
     QpRecord* r = find_qp_by_num(c, wc[i].qp_num);
+    if (r && r->doorbell_pending) {  // shunt's doorbell: it woke the application, nothing to see
+      r->doorbell_pending->store(false);
+      continue;
+    }
     Bundle* b = r ? (r->shadow_of ? r->shadow_of : r->bundle.load(std::memory_order_acquire)) : nullptr;
     if (!b) {
       if (out != i) wc[out] = wc[i];
@@ -2727,6 +2750,7 @@ json answer(const json& req, const std::string& cmd) {
 Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows) {
   auto* b = new Bundle;
   b->no_worker = true;
+  b->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;  // (fences are WRITEs)
   b->primary = r;
   b->pqp = r->qp;
   b->ctx = r->ctx;

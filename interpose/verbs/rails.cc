@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -188,14 +189,128 @@ void mirror_mr(MrRec* m, ibv_pd* mpd, const Rail* r) {
   m->m.emplace_back(r, x);
 }
 
+// Wakes an application waiting on its CQ's channel: see mirror_cq.
+struct Doorbell {
+  ibv_cq* app = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_qp* qp = nullptr;
+  ContextRecord* c = nullptr;
+  std::atomic<bool> pending{false};  // rung since its last completion was polled
+};
+
 struct CqSlot {
   std::atomic<ibv_cq*> app{nullptr};
   ibv_cq* cq = nullptr;
   ContextRecord* rec = nullptr;
   const Rail* r = nullptr;
+  Doorbell* bell = nullptr;  // the application's CQ has a channel
 };
 constexpr int kCqSlots = 256;
 CqSlot g_cqs[kCqSlots];
+// Shunt's completion channel per rail context (never freed), and the
+// doorbells per application CQ. Under g_cq_mu.
+std::vector<std::pair<const Rail*, ibv_comp_channel*>>* g_channels = nullptr;
+std::vector<Doorbell*>* g_bells = nullptr;
+
+// Connects qp to itself: INIT, RTR, RTS over the port and GID at.
+bool loop_back(ibv_qp* qp, const LoopAddr& at, std::string* err) {
+  ibv_gid gid;
+  if (ibv_query_gid(qp->context, at.port, at.gid_index, &gid) != 0) {
+    *err = "doorbell: cannot read the GID";
+    return false;
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = at.port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+    *err = std::string("doorbell to INIT: ") + strerror(errno);
+    return false;
+  }
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = qp->qp_num;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = gid;
+  a.ah_attr.grh.sgid_index = static_cast<uint8_t>(at.gid_index);
+  a.ah_attr.grh.hop_limit = 1;
+  a.ah_attr.port_num = at.port;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+    *err = std::string("doorbell to RTR: ") + strerror(errno);
+    return false;
+  }
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 3;
+  a.rnr_retry = 7;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                        IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+    *err = std::string("doorbell to RTS: ") + strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+// The doorbell of an application CQ, made once. Under g_cq_mu.
+Doorbell* doorbell_of(ibv_cq* app, const LoopAddr& at, std::string* err) {
+  if (!g_bells) g_bells = new std::vector<Doorbell*>;
+  for (Doorbell* d : *g_bells)
+    if (d->app == app) return d;
+  auto* d = new Doorbell;
+  d->app = app;
+  d->c = find_context(app->context);
+  d->pd = ibv_alloc_pd(app->context);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = app;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 64;
+  ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  if (d->c && d->pd) d->qp = ibv_create_qp(d->pd, &ia);
+  if (!d->qp || !loop_back(d->qp, at, err)) {
+    if (err->empty()) *err = std::string("doorbell: ") + strerror(errno);
+    if (d->qp) ibv_destroy_qp(d->qp);
+    if (d->pd) ibv_dealloc_pd(d->pd);
+    delete d;
+    return nullptr;
+  }
+  if (QpRecord* r = track_qp(d->qp, false)) r->doorbell_pending = &d->pending;
+  g_bells->push_back(d);
+  return d;
+}
+
+// One ring per mirror event, even with one not polled yet: an application
+// may take fewer completions per wake-up than are waiting (ibv_rc_pingpong
+// polls two), and only a new event wakes it again.
+void ring(Doorbell* d) {
+  d->pending.store(true);
+  ibv_send_wr w{}, *bad = nullptr;
+  w.opcode = IBV_WR_RDMA_WRITE;  // zero bytes: no rkey is checked
+  w.send_flags = IBV_SEND_SIGNALED;
+  if (d->c->orig.post_send(d->qp, &w, &bad) != 0)  // full: those outstanding wake it
+    log::once(LogLevel::debug, "doorbell-full", "a doorbell's send queue is full");
+}
+
+// Shunt's channel on a rail's context. Under g_cq_mu.
+ibv_comp_channel* channel_of(const Rail* r, std::string* err) {
+  if (!g_channels) g_channels = new std::vector<std::pair<const Rail*, ibv_comp_channel*>>;
+  for (auto& [x, ch] : *g_channels)
+    if (x->ctx == r->ctx) return ch;
+  ibv_comp_channel* ch = ibv_create_comp_channel(r->ctx);
+  if (!ch) {
+    *err = r->device + ": ibv_create_comp_channel: " + strerror(errno);
+    return nullptr;
+  }
+  int fl = fcntl(ch->fd, F_GETFL);
+  fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK);
+  g_channels->emplace_back(r, ch);
+  return ch;
+}
 std::atomic<int> g_cq_top{0};  // slots at and above are unused: the poll path looks below only
 std::mutex g_cq_mu;
 
@@ -291,6 +406,64 @@ void rails_on_destroy_cq(ibv_cq* cq) {
     if (ibv_destroy_cq(s.cq) != 0)
       log::warn("{}: a mirror CQ could not be destroyed ({})", s.r->device, strerror(errno));
     s.cq = nullptr;
+    s.bell = nullptr;
+  }
+  if (!g_bells) return;
+  for (auto it = g_bells->begin(); it != g_bells->end(); ++it) {
+    Doorbell* d = *it;
+    if (d->app != cq) continue;
+    untrack_qp(d->qp);
+    ibv_destroy_qp(d->qp);
+    ibv_dealloc_pd(d->pd);
+    g_bells->erase(it);
+    delete d;
+    break;
+  }
+}
+
+bool ring_doorbell(ibv_cq* app) {
+  std::lock_guard g(g_cq_mu);
+  if (g_bells)
+    for (Doorbell* d : *g_bells)
+      if (d->app == app) {
+        ring(d);
+        return true;
+      }
+  return false;
+}
+
+std::vector<int> rail_channel_fds() {
+  std::lock_guard g(g_cq_mu);
+  std::vector<int> out;
+  if (g_channels)
+    for (auto& [r, ch] : *g_channels) out.push_back(ch->fd);
+  return out;
+}
+
+void rail_channel_ready(int fd) {
+  ibv_comp_channel* ch = nullptr;
+  {
+    std::lock_guard g(g_cq_mu);
+    if (g_channels)
+      for (auto& [r, c] : *g_channels)
+        if (c->fd == fd) ch = c;
+  }
+  if (!ch) return;
+  ibv_cq* cq;
+  void* cctx;
+  // Each event acked and its CQ armed again before the doorbell rings: the
+  // application's poll after the doorbell sees every completion made before
+  // the arm, and one made after it raises a new event. (Acked before taking
+  // g_cq_mu: a destroy under it waits for its CQ's events to be acked.)
+  while (ibv_get_cq_event(ch, &cq, &cctx) == 0) {
+    ibv_ack_cq_events(cq, 1);
+    std::lock_guard g(g_cq_mu);
+    for (auto& s : g_cqs) {
+      if (s.cq != cq || !s.app.load() || !s.bell) continue;
+      ibv_req_notify_cq(cq, 0);
+      if (g_rail_expect.load() <= 0) g_rail_expect.store(1);  // the woken poll looks at the mirrors
+      ring(s.bell);
+    }
   }
 }
 
@@ -314,10 +487,13 @@ ibv_pd* mirror_pd(ibv_pd* app, const Rail* r, std::string* err) {
   return pd;
 }
 
-ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, std::string* err) {
+ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, const LoopAddr& at, std::string* err) {
   std::lock_guard g(g_cq_mu);
   for (auto& s : g_cqs)
     if (s.app.load() == app && s.r == r) return s.cq;
+  Doorbell* bell = nullptr;
+  ibv_comp_channel* ch = nullptr;
+  if (app->channel && (!(bell = doorbell_of(app, at, err)) || !(ch = channel_of(r, err)))) return nullptr;
   CqSlot* free = nullptr;
   for (auto& s : g_cqs)
     if (!s.app.load() && !s.cq) {
@@ -331,12 +507,14 @@ ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, std::string* err) {
   ibv_device_attr da{};
   int depth = std::max(app->cqe * 2, 1024);
   if (ibv_query_device(r->ctx, &da) == 0 && da.max_cqe > 0) depth = std::min(depth, da.max_cqe);
-  ibv_cq* cq = ibv_create_cq(r->ctx, depth, nullptr, nullptr, 0);
+  ibv_cq* cq = ibv_create_cq(r->ctx, depth, nullptr, ch, 0);
   if (!cq) {
     *err = r->device + ": ibv_create_cq: " + strerror(errno);
     return nullptr;
   }
+  if (ch) ibv_req_notify_cq(cq, 0);
   free->cq = cq;
+  free->bell = bell;
   free->rec = r->rec;
   free->r = r;
   free->app.store(app);

@@ -53,8 +53,25 @@ void rails_on_destroy_cq(ibv_cq* cq);   // before the real destroy
 // The mirror PD of `app` on the rail (made with a mirror of every MR of
 // the PD the first time), or null with *err.
 ibv_pd* mirror_pd(ibv_pd* app, const Rail* r, std::string* err);
+// Where a doorbell QP on the application's NIC connects to itself.
+struct LoopAddr {
+  uint8_t port = 1;
+  int gid_index = 0;
+};
 // The mirror CQ of `app` on the rail (as deep as it), or null with *err.
-ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, std::string* err);
+// When `app` has a completion channel (event mode), the mirror gets one of
+// shunt's, watched by the watch thread (rail_channel_fds): a completion
+// there rings a doorbell on `app`, a zero-length WRITE of a QP on the
+// application's NIC connected to itself (at `at`) whose completion lands
+// on `app`, so an application waiting on its channel wakes and polls.
+ibv_cq* mirror_cq(ibv_cq* app, const Rail* r, const LoopAddr& at, std::string* err);
+// The completion channels of mirror CQs, for the watch thread to poll;
+// rail_channel_ready(fd) when one is readable.
+std::vector<int> rail_channel_fds();
+void rail_channel_ready(int fd);
+// Wakes an application waiting on `app`'s channel (completions shunt owes
+// it are waiting), when `app` has a doorbell; false when it has none.
+bool ring_doorbell(ibv_cq* app);
 // The lkey on the rail of the MR whose lkey on the application's device is
 // `lkey`; false when the MR has no mirror there.
 bool mirror_lkey(const ibv_context* app_ctx, uint32_t lkey, const Rail* r, uint32_t* out);

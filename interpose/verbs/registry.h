@@ -49,6 +49,9 @@ struct QpRecord {
   // A shadow QP of a bundle (shunt's own): the bundle and the path index.
   Bundle* shadow_of = nullptr;
   int path = -1;
+  // Shunt's doorbell QP on an application CQ (rails.h): its completions
+  // only wake the application; this flag clears as one is polled.
+  std::atomic<bool>* doorbell_pending = nullptr;
   uint32_t primary_qpn = 0;
   QpStats s;
 };

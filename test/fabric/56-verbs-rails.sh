@@ -10,6 +10,8 @@
 # - with the default (every rail) the two-sided work, WRITE_WITH_IMM (an
 #   rkey to translate) and SEND, moves to a path on rxe1: exit 0, no error
 #   seen, #wrong 0, and rail 1's links carried the job after the fault.
+# Then ibv_rc_pingpong in event mode (-e) over the same fault: a doorbell
+# on its CQ wakes it for completions of paths on rxe1.
 # Last, h1's rail-0 NIC falls off the PCI bus (the netdev and the rxe
 # device's QPs go): the job moves to rxe1 the same way.
 . "$(dirname "$0")/lib.sh"
@@ -93,6 +95,34 @@ for verb in write_imm send; do
   echo "$verb: paths that carried bytes and are up, by NIC: $nic"
   [[ "$nic" == *rxe1* ]] || fail "$verb: no path on rxe1 carried the work"
 done
+note "ibv_rc_pingpong -e (event mode) with every rail: h1's rail-0 link black-holed for good midway"
+# Completions of rail paths land on shunt's mirror CQ; a doorbell on the
+# application's CQ (a zero-length WRITE of a QP looped back on rxe0) wakes
+# the application waiting on its channel. Without it the client would wait
+# for its next event forever once the work moved to rxe1.
+gid=$(fab gid h1 rxe0)
+pp_env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_LOG_LEVEL=info SHUNT_PATHS_PER_RAIL=1)
+fab exec h2 -- timeout 120 "${pp_env[@]}" ibv_rc_pingpong -d rxe0 -g "$gid" -e -n 20000 -s 4096 > "$TMP/ppe.srv" 2>&1 &
+srv=$!
+wait_port h2 18515
+fab exec h1 -- timeout 120 "${pp_env[@]}" ibv_rc_pingpong -d rxe0 -g "$gid" -e -n 20000 -s 4096 "$(fab addr h2 r0)" \
+  > "$TMP/ppe.cli" 2>&1 &
+cli=$!
+for _ in $(seq 100); do grep -q "bundle active" "$TMP/ppe.cli" 2>/dev/null && break; sleep 0.1; done
+sleep 1
+fab fault blackhole h1-r0 >/dev/null || fail "blackhole h1-r0"
+crc=0 src=0
+wait $cli || crc=$?
+wait $srv || src=$?
+fab fault unblackhole h1-r0 >/dev/null || fail "unblackhole h1-r0"
+grep -h "bundle active\|moved" "$TMP/ppe.cli" | head -3
+[ $crc = 0 ] && [ $src = 0 ] || { cat "$TMP/ppe.cli" "$TMP/ppe.srv"; fail "ibv_rc_pingpong -e: client exit $crc, server exit $src"; }
+grep -q "163840000 bytes in" "$TMP/ppe.cli" || { cat "$TMP/ppe.cli"; fail "ibv_rc_pingpong -e did not finish its 20000 iterations"; }
+grep -q "and 1 on other NICs (rxe1: " "$TMP/ppe.cli" || { cat "$TMP/ppe.cli"; fail "ibv_rc_pingpong -e: no path on rxe1"; }
+grep -q "moved" "$TMP/ppe.cli" || { cat "$TMP/ppe.cli"; fail "ibv_rc_pingpong -e: the work never moved (the fault came too late?)"; }
+echo "ok: event mode carried on over rxe1 ($(grep 'bytes in' "$TMP/ppe.cli"))"
+sleep 2
+
 note "libshunt, every rail, send: h1's rail-0 NIC falls off the bus"
 run nic all send nic
 grep -h "failed\|moved" "$TMP/nic.rank0.out" | head -4
