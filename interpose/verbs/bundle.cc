@@ -896,6 +896,11 @@ int rail_for_half(Bundle* b, const ibv_gid& peer, std::string* err) {
   return memcmp(br.rgid.raw, peer.raw, 16) == 0 ? k : -1;
 }
 
+bool alive(Bundle* b) {
+  std::lock_guard g(b->mu);
+  return !b->dead;
+}
+
 Bundle* find_bundle(const std::string& gid, uint32_t qpn) {
   std::lock_guard g(g_mu);
   if (!g_bundles) return nullptr;
@@ -1822,6 +1827,7 @@ json answer_path_renew(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
   std::lock_guard m(b->move_mu);
+  if (!alive(b)) return {{"error", "no active bundle for that QP"}};
   std::vector<std::pair<int, uint32_t>> want;
   for (const auto& x : req.value("paths", json::array())) {
     int i = x.is_object() ? x.value("path", -1) : -1;
@@ -1965,6 +1971,9 @@ void run_worker(Bundle* b) {
     }
     bool need_move, gave_up;
     std::vector<int> down;
+    // The whole round under move_mu: bundle_on_destroy takes it before it
+    // destroys the shadows, so no round touches a destroyed QP or CQ.
+    std::unique_lock m(b->move_mu);
     {
       std::lock_guard g(b->mu);
       if (b->dead) return;
@@ -1986,7 +1995,6 @@ void run_worker(Bundle* b) {
       seen_down = down;
     }
     int64_t now = mono_ms();
-    std::lock_guard m(b->move_mu);
     if (!decides) {
       if (b->renew_now.exchange(false)) {  // the deciding side renews: it should not wait out its backoff
         std::string err;
@@ -2351,6 +2359,7 @@ json answer_carrier_prepare(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
   std::lock_guard m(b->move_mu);
+  if (!alive(b)) return {{"error", "no active bundle for that QP"}};
   mark_down(b, b->ctx, req.value("down", json::array()));
   poll_overdue_probes(b);
   int to = -1;
@@ -2381,6 +2390,7 @@ json answer_carrier_commit(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b) return {{"error", "no such QP"}};
   std::lock_guard m(b->move_mu);
+  if (!alive(b)) return {{"error", "no such QP"}};
   int to = req.value("to", -1);
   json info;
   int from = b->pending_from;
@@ -2481,6 +2491,12 @@ void bundle_on_destroy(QpRecord* r) {
     std::lock_guard g(b->mu);
     if (b->dead) return;
     b->dead = true;
+  }
+  {
+    // A failover round or a peer's request under way finishes first (it
+    // sees `dead` next): none may use a shadow or a CQ after this.
+    std::lock_guard mm(b->move_mu);
+    std::lock_guard g(b->mu);
     std::lock_guard l(b->lk);
     b->active.store(false);
     b->tracking.store(false);
