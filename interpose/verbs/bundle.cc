@@ -279,15 +279,6 @@ std::string gid_hex(const ibv_gid& g) {
   return std::string(s, 32);
 }
 
-bool gid_v4(const ibv_gid& g, std::string* ip) {
-  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (memcmp(g.raw, prefix, 12) != 0) return false;
-  char s[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, g.raw + 12, s, sizeof s);
-  *ip = s;
-  return true;
-}
-
 // Stays primary-only: one log line and one event say why.
 void fall_back(Bundle* b, const std::string& why) {
   {

@@ -33,14 +33,6 @@ std::mutex g_rail_mu;
 std::vector<Rail*>* g_rails = nullptr;  // never freed: bundles keep pointers
 std::vector<std::pair<std::string, ibv_context*>>* g_rail_ctx = nullptr;
 
-bool v4_of(const ibv_gid& g, std::string* ip) {
-  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (memcmp(g.raw, prefix, 12) != 0) return false;
-  char s[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, g.raw + 12, s, sizeof s);
-  *ip = s;
-  return true;
-}
 
 // Shunt's own context of a device, opened when a bundle first needs it
 // there. Under g_rail_mu.
@@ -114,7 +106,7 @@ std::vector<Rail*> scan(int gid_type, const std::string& root = "/sys/class/infi
           if (ch != ':') hex += ch;
         if (hex.size() != 32) continue;
         for (int k = 0; k < 16; k++) gid.raw[k] = static_cast<uint8_t>(std::stoul(hex.substr(2 * k, 2), nullptr, 16));
-        if (!v4_of(gid, &ip)) continue;
+        if (!gid_v4(gid, &ip)) continue;
         Rail* r = nullptr;
         for (Rail* x : *g_rails)
           if (x->device == name && x->port == port && x->ip == ip) r = x;
@@ -315,6 +307,15 @@ std::atomic<int> g_cq_top{0};  // slots at and above are unused: the poll path l
 std::mutex g_cq_mu;
 
 }  // namespace
+
+bool gid_v4(const ibv_gid& g, std::string* ip) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (memcmp(g.raw, prefix, 12) != 0) return false;
+  char s[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, g.raw + 12, s, sizeof s);
+  *ip = s;
+  return true;
+}
 
 int gid_type_of(ibv_context* ctx, uint8_t port, int index) {
   ibv_gid_entry e{};
