@@ -2203,13 +2203,7 @@ void follow_devices(std::vector<EventSource>* srcs) {
   }
   for (const auto& name : want) {
     if (std::any_of(srcs->begin(), srcs->end(), [&](const EventSource& e) { return e.device == name; })) continue;
-    EventSource e{name, nullptr};
-    int n = 0;
-    if (ibv_device** list = ibv_get_device_list(&n)) {
-      for (int i = 0; i < n; i++)
-        if (name == ibv_get_device_name(list[i])) e.ctx = ibv_open_device(list[i]);
-      ibv_free_device_list(list);
-    }
+    EventSource e{name, open_device_named(name)};
     if (e.ctx) {
       int fl = fcntl(e.ctx->async_fd, F_GETFL);
       fcntl(e.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);

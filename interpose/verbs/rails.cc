@@ -33,7 +33,6 @@ std::mutex g_rail_mu;
 std::vector<Rail*>* g_rails = nullptr;  // never freed: bundles keep pointers
 std::vector<std::pair<std::string, ibv_context*>>* g_rail_ctx = nullptr;
 
-
 // Shunt's own context of a device, opened when a bundle first needs it
 // there. Under g_rail_mu.
 bool open_rail(Rail* r) {
@@ -45,12 +44,7 @@ bool open_rail(Rail* r) {
       r->rec = find_context(c);
       return r->rec != nullptr;
     }
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  ibv_context* c = nullptr;
-  for (int d = 0; list && d < n && !c; d++)
-    if (r->device == ibv_get_device_name(list[d])) c = ibv_open_device(list[d]);
-  if (list) ibv_free_device_list(list);
+  ibv_context* c = open_device_named(r->device);
   if (!c) return false;
   if (!patch_context(c, r->device.c_str())) {
     ibv_close_device(c);
@@ -168,6 +162,15 @@ std::shared_mutex g_mr_mu;
 std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>* g_by_lkey = nullptr;
 std::map<const ibv_mr*, MrRec*>* g_by_mr = nullptr;
 std::vector<PdMirror>* g_pds = nullptr;
+
+// Made on first use (never freed: a destructor at exit could run under a
+// thread still registering). Under g_mr_mu, exclusive.
+void init_mr_maps() {
+  if (g_pds) return;
+  g_by_lkey = new std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>;
+  g_by_mr = new std::map<const ibv_mr*, MrRec*>;
+  g_pds = new std::vector<PdMirror>;
+}
 
 // Under g_mr_mu (exclusive).
 void mirror_mr(MrRec* m, ibv_pd* mpd, const Rail* r) {
@@ -308,6 +311,16 @@ std::mutex g_cq_mu;
 
 }  // namespace
 
+ibv_context* open_device_named(const std::string& name) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ibv_context* c = nullptr;
+  for (int d = 0; list && d < n && !c; d++)
+    if (name == ibv_get_device_name(list[d])) c = ibv_open_device(list[d]);
+  if (list) ibv_free_device_list(list);
+  return c;
+}
+
 bool gid_v4(const ibv_gid& g, std::string* ip) {
   static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (memcmp(g.raw, prefix, 12) != 0) return false;
@@ -351,11 +364,7 @@ std::vector<Rail*> other_rails(const std::string& device, int gid_type) {
 void rails_on_reg_mr(ibv_mr* mr, void* addr, size_t len, uint64_t iova, int access) {
   if (!mr) return;
   std::unique_lock g(g_mr_mu);
-  if (!g_by_lkey) {
-    g_by_lkey = new std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>;
-    g_by_mr = new std::map<const ibv_mr*, MrRec*>;
-    g_pds = new std::vector<PdMirror>;
-  }
+  init_mr_maps();
   auto* m = new MrRec{mr, addr, len, iova, access, {}};
   (*g_by_lkey)[{mr->context, mr->lkey}] = m;
   (*g_by_mr)[mr] = m;
@@ -470,11 +479,7 @@ void rail_channel_ready(int fd) {
 
 ibv_pd* mirror_pd(ibv_pd* app, const Rail* r, std::string* err) {
   std::unique_lock g(g_mr_mu);
-  if (!g_pds) {
-    g_by_lkey = new std::map<std::pair<const ibv_context*, uint32_t>, MrRec*>;
-    g_by_mr = new std::map<const ibv_mr*, MrRec*>;
-    g_pds = new std::vector<PdMirror>;
-  }
+  init_mr_maps();
   for (const auto& p : *g_pds)
     if (p.app == app && p.r == r) return p.pd;
   ibv_pd* pd = ibv_alloc_pd(r->ctx);

@@ -41,6 +41,8 @@ Rail* rail_toward(const std::string& ip, int gid_type, std::string* err);
 // Every rail whose port is active with an IPv4 GID of `gid_type`, other
 // than `device`.
 std::vector<Rail*> other_rails(const std::string& device, int gid_type);
+// A new context of the device of that name, or null (errno set).
+ibv_context* open_device_named(const std::string& name);
 // The IPv4 address of an IPv4-mapped GID (RoCE v2); false for another GID.
 bool gid_v4(const ibv_gid& g, std::string* ip);
 // The GID type (IBV_GID_TYPE_*) of a device's GID entry; -1 when unknown.
