@@ -10,8 +10,10 @@
 #   the other leaf, else "apart".
 #   Runs repeat (new QPNs, new ports) until both kinds were seen, or
 #   BUNDLE_BENCH_TRIES ran out.
-# - with shunt (active, 8 paths per rail, flowlet), each QP's traffic moves
-#   over 8 source ports.
+# - with shunt (active, 8 paths per rail), once per spread mode in
+#   BUNDLE_BENCH_SPREAD (default "split flowlet"): split cuts each message
+#   over the 8 source ports at once, flowlet moves it between them at drain
+#   points.
 # Reported: the sum of both jobs' throughput (size / time per iteration,
 # MB/s), and shunt's ratio to each kind of baseline (targets: >= 1.6x
 # collided, >= 0.95x apart).
@@ -20,9 +22,13 @@ SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 need_guests
 LIB=$B/lib/libshunt.so
 BENCH=$B/bin/shunt-bench
-RATE=${BUNDLE_BENCH_RATE:-40}
+# 20 Mbit/s: at 40 the four guests' CPUs (two host cores) capped split's
+# throughput before the spines did.
+RATE=${BUNDLE_BENCH_RATE:-20}
 DUR=${BUNDLE_BENCH_SECONDS:-25}
 TRIES=${BUNDLE_BENCH_TRIES:-6}
+WINDOW=${BUNDLE_BENCH_WINDOW:-2}
+SPREADS=${BUNDLE_BENCH_SPREAD:-split flowlet}
 up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2
 # A deep queue (1 s), small messages and a long ACK timeout (--qp-timeout
 # 18, about 1 s): rxe 6.1 recovers badly from drops and retransmissions
@@ -36,12 +42,13 @@ KEY=bench-$$
 # pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
 job() {
   local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
-  [ "$with" = shunt ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8
-    SHUNT_PATH_DEAD_MS=8000)  # queues of up to 1 s: no path is declared dead for that
+  [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$with" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8
+    SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json)  # queues of up to 1 s: no path is declared dead for that
   local boot
   boot=$(fab addr "$a" r0)
+  # one WRITE_WITH_IMM per 256 KiB message (split cuts it, the others do not)
   local args=(--world 2 --bootstrap "$boot:$port" --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K
-    --duration "$DUR" -w 1 -c 1 --seg 64K --qp-timeout 18 --stall-timeout 60)
+    --duration "$DUR" -w "$WINDOW" -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60)
   fab exec "$b" -- timeout 200 "${env[@]}" "$BENCH" --rank 1 "${args[@]}" > "$TMP/$tag-1" 2>&1 &
   local p=$!
   fab exec "$a" -- timeout 200 "${env[@]}" "$BENCH" --rank 0 "${args[@]}" > "$TMP/$tag-0" 2>&1
@@ -81,12 +88,27 @@ for ((i = 1; i <= TRIES; i++)); do
   [ $kind = apart ] && [ -z "$apart" ] && apart=$bw
   [ -n "$collided" ] && [ -n "$apart" ] && break
 done
-round shunt > "$TMP/round"
-read -r with s1 s2 < "$TMP/round"
-echo "  with shunt (8 paths, flowlet): $with MB/s, spine 1 $s1 B, spine 2 $s2 B"
+declare -A with
+for sp in $SPREADS; do
+  round "$sp" > "$TMP/round"
+  read -r bw s1 s2 < "$TMP/round"
+  with[$sp]=$bw
+  echo "  with shunt (8 paths, $sp): $bw MB/s, spine 1 $s1 B, spine 2 $s2 B"
+  for h in h1 h2; do  # how each job's sender spread its bytes (MB per path, by UDP source port)
+    fab exec $h -- cat /tmp/bundle-bench.json 2>/dev/null | python3 -c '
+import json, sys
+for q in json.load(sys.stdin)["verbs"]["qps"]:
+    b = q.get("bundle")
+    if b and b["paths"]:
+        print("    '$h' QP %d: primary %.1f MB, paths %s" % (q["qpn"], b["primary"]["bytes"] / 1e6,
+              " ".join("%d:%.1f" % (p["udp_sport"], p["bytes"] / 1e6) for p in b["paths"])))' || true
+  done
+done
 ratio() { python3 -c "print('%.2fx' % ($1 / $2))"; }
 echo "two jobs across $RATE Mbit/s spines, MB/s summed over both:"
-[ -n "$collided" ] && echo "  collided: without $collided, with $with: $(ratio "$with" "$collided") (target >= 1.6x)" ||
-  echo "  collided: no colliding placement in $TRIES runs"
-[ -n "$apart" ] && echo "  apart:    without $apart, with $with: $(ratio "$with" "$apart") (target >= 0.95x)" ||
-  echo "  apart: no separated placement in $TRIES runs"
+for sp in $SPREADS; do
+  [ -n "$collided" ] && echo "  $sp, collided: without $collided, with ${with[$sp]}: $(ratio "${with[$sp]}" "$collided") (target >= 1.6x)" ||
+    echo "  $sp, collided: no colliding placement in $TRIES runs"
+  [ -n "$apart" ] && echo "  $sp, apart:    without $apart, with ${with[$sp]}: $(ratio "${with[$sp]}" "$apart") (target >= 0.95x)" ||
+    echo "  $sp, apart: no separated placement in $TRIES runs"
+done

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -41,7 +42,7 @@ std::atomic<int> g_shadow_qps{0};
 namespace {
 using nlohmann::json;
 
-constexpr uint8_t kApp = 1, kFence = 2, kProbe = 3;
+constexpr uint8_t kApp = 1, kFence = 2, kProbe = 3, kSeg = 4;  // kSeg: a split's segment
 constexpr int kPrimary = -1;
 
 // A FIFO that reuses its slots (and what they allocated): the data path
@@ -97,6 +98,8 @@ struct Copy {
   uint64_t seq = 0;   // the path's WR number
   uint64_t cseq = 0;  // the message number of a WR that consumes a receive; 0: none (yet)
   bool posted = false;  // posted once before (a replay keeps its cseq)
+  bool own = false;     // shunt's (a split's segment): its completion is never the application's
+  uint64_t group = 0;   // a split's tail: the group of segments it waits for
   void take(const ibv_send_wr* w) {
     wr = *w;
     wr.next = nullptr;
@@ -145,6 +148,7 @@ struct Signaled {
   uint64_t seq;
   uint8_t kind;
   uint64_t wr_id;
+  int64_t t = 0;  // a segment's: when it was posted (ns)
 };
 
 struct Path {
@@ -173,6 +177,8 @@ struct Path {
   int64_t flow_start_ns = 0;
   uint64_t flow_bytes = 0;
   double ns_per_byte = 0;  // EWMA over the path's flowlets; 0: not measured yet
+  double seg_lat = 0;      // EWMA of its split segments' time from post to completion (ns); 0: none yet
+  double share = 1.0;      // its weight in a split's head
 };
 
 inline int64_t now_ns() {
@@ -193,6 +199,14 @@ class SpinLock {
 
  private:
   std::atomic_flag f_ = ATOMIC_FLAG_INIT;
+};
+
+// A split WRITE's segments: (path, its seq there) each, and where it writes.
+struct SplitGroup {
+  uint64_t id = 0;
+  std::vector<std::pair<int, uint64_t>> segs;
+  uint64_t raddr = 0, len = 0;
+  uint32_t rkey = 0;
 };
 
 // A NIC a bundle has paths on: [0] the application's QP's own, then the
@@ -244,6 +258,10 @@ struct Bundle {
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
   SpinLock lk;
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
+  bool split = false;
+  uint64_t split_min = 0;
+  std::deque<SplitGroup> groups;  // splits whose tails wait, oldest first
+  uint64_t group_ids = 0;
   std::vector<Path> paths;
   std::vector<BundleRail> rails;  // set before the bundle is active, then fixed (rkeys under lk)
   bool need_rkeys = false;  // a WR waits for an rkey of the peer's not known yet
@@ -252,7 +270,7 @@ struct Bundle {
   int cur = 0, last = kPrimary;
   uint32_t picks = 0;
   Ring<Copy> held;
-  uint64_t fences = 0, held_total = 0, to_primary = 0;
+  uint64_t fences = 0, held_total = 0, to_primary = 0, splits = 0, segments = 0;
   // Two-sided traffic: where it goes (the carrier: the application's QP
   // until it fails, then a shadow agreed with the peer), how many messages
   // that consume a receive were posted (cseq) and received (consumed),
@@ -643,6 +661,8 @@ void activate(Bundle* b) {
     b->cur = 0;
     b->last = kPrimary;
     b->flowlet = config().num(Param::spread) == 1;
+    b->split = config().num(Param::spread) == 2;
+    b->split_min = static_cast<uint64_t>(config().num(Param::split_min_bytes));
     b->prim.qp = b->pqp;
     b->prim.qpn = b->pqp->qp_num;
     b->prim.rec = b->primary;
@@ -1070,6 +1090,7 @@ void stash(ibv_cq* cq, const ibv_wc& w) {
 }
 
 void owe(Bundle* b, const Copy& cp, ibv_wc_status st) {
+  if (cp.own) return;
   ibv_wc w{};
   w.wr_id = cp.wr.wr_id;
   w.status = st;
@@ -1195,11 +1216,13 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
     cp.take(w);
     cp.cseq = 0;
     cp.posted = false;
+    cp.own = false;
+    cp.group = 0;
   }
   cp.seq = p.posted;
   if (!cp.posted && consumes(op)) cp.cseq = ++b->cseq;
   cp.posted = true;
-  if (sig) p.signaled.push() = {p.posted, kApp, wr_id};
+  if (sig) p.signaled.push() = {p.posted, cp.own ? kSeg : kApp, wr_id, cp.own ? now_ns() : 0};
   p.last_signaled = sig;
   b->last = target;
   p.wrs++;
@@ -1252,6 +1275,8 @@ void hold(Bundle* b, const ibv_send_wr* w) {
   h.take(w);
   h.cseq = 0;
   h.posted = false;
+  h.own = false;
+  h.group = 0;
   b->held_total++;
 }
 
@@ -1277,6 +1302,147 @@ int next_flowlet_path(Bundle* b) {
     if (usable(b->paths[i]) && b->paths[i].ns_per_byte < b->paths[best].ns_per_byte) best = i;
   }
   return best;
+}
+
+// ---------------------------------------------------------------- split
+
+// Whether split group g's segments have all completed (a failed path's
+// were requeued, ahead of the tail: no longer the group's).
+bool group_done(Bundle* b, uint64_t g) {
+  for (const auto& x : b->groups) {
+    if (x.id != g) continue;
+    for (const auto& [pi, seq] : x.segs)
+      if (P(b, pi).done < seq) return false;
+    return true;
+  }
+  return true;
+}
+
+void forget_group(Bundle* b, uint64_t g) {
+  for (auto it = b->groups.begin(); it != b->groups.end(); ++it)
+    if (it->id == g) {
+      b->groups.erase(it);
+      return;
+    }
+}
+
+// The bytes [off, off + len) of an SGE list, as SGEs into out; their count.
+int cut_sges(const ibv_sge* in, int n, uint64_t off, uint64_t len, ibv_sge* out) {
+  int k = 0;
+  for (int i = 0; i < n && len; i++) {
+    uint64_t l = in[i].length;
+    if (off >= l) {
+      off -= l;
+      continue;
+    }
+    uint64_t take = std::min<uint64_t>(l - off, len);
+    out[k++] = {in[i].addr + off, static_cast<uint32_t>(take), in[i].lkey};
+    len -= take;
+    off = 0;
+  }
+  return k;
+}
+
+constexpr uint64_t kSplitTail = 4096;    // what the application's own WR keeps
+constexpr uint64_t kMinSegment = 8192;  // the head has at least this per path
+
+// SHUNT_SPREAD=split: w, an RDMA WRITE or WRITE_WITH_IMM of at least
+// SHUNT_SPLIT_MIN_BYTES, goes out as segments on every usable shadow at
+// once: plain WRITEs, shunt's own (signaled, never seen), one split group.
+// Its last kSplitTail bytes, with the application's opcode, immediate,
+// flags and wr_id (the tail), wait in the held queue until every segment
+// of the group has completed, and then go where pin puts them. So the peer
+// sees the message, and the application the WRITE's completion, only after
+// all of its data landed; whatever the application posts after it waits
+// behind the tail as on one QP, except the next split: its segments may go
+// while earlier tails wait (their paths keep each path's order; a WRITE
+// may land before an earlier message is seen, as when pin or flowlet put
+// it on another path), but not when it writes where an earlier group
+// still does. The tail goes into *slot (w's own held copy, at the front)
+// or, null, at the back of the held queue, behind tails only. false: not
+// split, nothing done. Under b->lk.
+bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
+  if (!b->split || (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)) return false;
+  if ((w->send_flags & IBV_SEND_INLINE) || w->num_sge < 1 || w->num_sge > kMaxRailSge || b->moving) return false;
+  uint64_t len = 0;
+  for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
+  if (len < b->split_min || len < kSplitTail + 2 * kMinSegment) return false;
+  if (!slot)
+    for (size_t i = 0; i < b->held.size(); i++)
+      if (!b->held[i].group) return false;  // an application WR waits: keep the order
+  const uint64_t ra = w->wr.rdma.remote_addr;
+  for (const auto& g : b->groups)
+    if (g.rkey == w->wr.rdma.rkey && ra < g.raddr + g.len && g.raddr < ra + len) return false;
+  int on[64];
+  int k = 0;
+  for (size_t i = 0; i < b->paths.size() && k < 64; i++)
+    if (usable(b->paths[i]) && fits(b, static_cast<int>(i), w)) on[k++] = static_cast<int>(i);
+  k = static_cast<int>(std::min<uint64_t>(k, (len - kSplitTail) / kMinSegment));
+  if (k < 2) return false;
+  // Each path's share of the head follows how long its segments take to
+  // complete against the others' (mostly the queue they wait in): a path
+  // through a busier spine gets less, one through an idle spine more, until
+  // the queues even out; paths behind the same queue keep their shares.
+  // Shares stay within 1/4..4 of their mean, so no path's estimate goes stale.
+  double wt[64], sum = 0, lsum = 0;
+  int ln = 0;
+  for (int j = 0; j < k; j++)
+    if (b->paths[on[j]].seg_lat > 0) lsum += b->paths[on[j]].seg_lat, ln++;
+  for (int j = 0; j < k; j++) {
+    Path& p = b->paths[on[j]];
+    if (ln == k) p.share *= std::pow(lsum / ln / p.seg_lat, 0.25);
+    sum += p.share;
+  }
+  for (int j = 0; j < k; j++) {
+    Path& p = b->paths[on[j]];
+    p.share = std::clamp(p.share * k / sum, 0.25, 4.0);
+  }
+  sum = 0;
+  for (int j = 0; j < k; j++) sum += wt[j] = b->paths[on[j]].share;
+  const uint64_t head = len - kSplitTail;
+  uint64_t off = 0;
+  const int last = b->last;
+  SplitGroup grp;
+  grp.id = ++b->group_ids;
+  grp.raddr = ra;
+  grp.len = len;
+  grp.rkey = w->wr.rdma.rkey;
+  for (int j = 0; j < k; j++) {
+    uint64_t n = static_cast<uint64_t>(static_cast<double>(head) * wt[j] / sum) & ~uint64_t(63);
+    n = std::max<uint64_t>(n, 64);
+    if (j + 1 == k || off + n > head) n = head - off;
+    if (n == 0) break;
+    ibv_sge sg[kMaxRailSge];
+    ibv_send_wr s{};
+    s.opcode = IBV_WR_RDMA_WRITE;
+    s.send_flags = IBV_SEND_SIGNALED;
+    s.sg_list = sg;
+    s.num_sge = cut_sges(w->sg_list, w->num_sge, off, n, sg);
+    s.wr.rdma.remote_addr = w->wr.rdma.remote_addr + off;
+    s.wr.rdma.rkey = w->wr.rdma.rkey;
+    if (post_on(b, c, on[j], nullptr, &s) != 0) break;  // the tail takes what is left
+    Path& p = b->paths[on[j]];
+    p.signaled[p.signaled.size() - 1] = {p.posted, kSeg, 0, now_ns()};
+    p.infl[p.infl.size() - 1].own = true;
+    grp.segs.emplace_back(on[j], p.posted);
+    off += n;
+  }
+  b->last = last;  // the group orders what follows, not the last segment's path
+  if (off == 0) return false;
+  ibv_sge sg[kMaxRailSge];
+  ibv_send_wr t = *w;
+  t.next = nullptr;
+  t.sg_list = sg;
+  t.num_sge = cut_sges(w->sg_list, w->num_sge, off, len - off, sg);
+  t.wr.rdma.remote_addr = w->wr.rdma.remote_addr + off;
+  Copy tail;
+  tail.take(&t);
+  tail.group = grp.id;
+  *(slot ? slot : &b->held.push()) = std::move(tail);
+  b->splits++;
+  b->segments += grp.segs.size();
+  b->groups.push_back(std::move(grp));
+  return true;
 }
 
 // A usable path w can go on as it is (its keys known there), or kNone.
@@ -1317,8 +1483,11 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
   while (!b->held.empty()) {
     Copy& h = b->held.front();
     ibv_send_wr* w = h.get();
+    if (h.group && !group_done(b, h.group)) return;  // a split's tail waits for its segments
+    if (!h.posted && !h.group && split(b, c, w, &h)) continue;  // the front is its tail now
     int target = route(b, c, w);
     if (target == kWait) return;
+    if (h.group) forget_group(b, h.group), h.group = 0;
     if (int rc = post_on(b, c, target, &h, w))
       log::error("{} QP {}: a held WR could not be posted ({}); it is lost", c->device, b->pqp->qp_num, strerror(rc));
     b->held.pop_front();
@@ -1344,6 +1513,8 @@ struct After {
 size_t requeue(Bundle* b, int pi, size_t from) {
   Path& p = P(b, pi);
   size_t again = 0, atomics = 0;
+  for (auto& g : b->groups)  // its segments go again ahead of every tail: no longer waited for here
+    std::erase_if(g.segs, [pi](const auto& x) { return x.first == pi; });
   for (size_t i = p.infl.size(); i-- > from;) {
     ibv_wr_opcode op = p.infl[i].wr.opcode;
     if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
@@ -1513,6 +1684,7 @@ void give_up(Bundle* b, const std::string& why) {
     for (size_t i = 0; i < b->held.size(); i++)
       if (signaled(b, b->held[i].wr)) owe(b, b->held[i], IBV_WC_WR_FLUSH_ERR);
     b->held.clear();
+    b->groups.clear();
     for (size_t i = 0; i < b->recvs.size(); i++) {
       ibv_wc w{};
       w.wr_id = b->recvs[i].wr.wr_id;
@@ -2517,6 +2689,7 @@ int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, i
   // application's send queue is: past its depth, a post fails as on a full queue.
   const size_t cap = b->primary->max_send_wr ? b->primary->max_send_wr : kMaxHeld;
   for (ibv_send_wr* w = wr; w; w = w->next) {
+    if (split(b, c, w, nullptr)) continue;
     int target = b->held.empty() ? route(b, c, w) : kWait;
     if (target == kWait) {
       if (b->held.size() >= cap) {
@@ -2593,6 +2766,10 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
         kind = p->signaled.front().kind;
         if (kind == kProbe) p->probation = false;
+        if (kind == kSeg && wc[i].status == IBV_WC_SUCCESS) {  // how long the path took to carry it
+          double lat = static_cast<double>(now_ns() - p->signaled.front().t);
+          p->seg_lat = p->seg_lat > 0 ? 0.8 * p->seg_lat + 0.2 * lat : lat;
+        }
         p->done = p->signaled.front().seq;
         p->signaled.pop_front();
         while (!p->infl.empty() && p->infl.front().seq <= p->done) p->infl.pop_front();
@@ -2616,7 +2793,7 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       flush_held(pending_flush, c);
       pending_flush = nullptr;
     }
-    if (drop || ((kind == kFence || kind == kProbe) && wc[i].status == IBV_WC_SUCCESS)) continue;
+    if (drop || ((kind == kFence || kind == kProbe || kind == kSeg) && wc[i].status == IBV_WC_SUCCESS)) continue;
     wc[i].qp_num = b->pqp->qp_num;
     if (out != i) wc[out] = wc[i];
     out++;
@@ -2671,6 +2848,8 @@ json bundle_json(const QpRecord& r) {
           {"active", b->active.load()},
           {"paths", paths},
           {"fences", b->fences},
+          {"splits", b->splits},
+          {"segments", b->segments},
           {"held", b->held_total},
           {"to_primary", b->to_primary},
           {"carrier", b->carrier},
@@ -2777,6 +2956,14 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
   std::lock_guard l(b->lk);
   b->flowlet = true;  // the spreading data path, whatever SHUNT_SPREAD says
   return b;
+}
+
+void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard l(b->lk);
+  b->flowlet = spread == 1;
+  b->split = spread == 2;
+  b->split_min = split_min;
 }
 
 void bundle_detach_for_test(QpRecord* r) {

@@ -4,7 +4,8 @@
 # - ib_write_bw and shunt-bench all-to-all (-c 1, WRITE_WITH_IMM and SEND)
 #   run unchanged and correct while their one-sided WRs ride shadow QPs of
 #   their own UDP source ports, the peer's shim having set up the halves;
-# - one application QP's traffic crosses both spines (flowlet spreading);
+# - one application QP's traffic crosses both spines (flowlet spreading,
+#   and split: each large WRITE_WITH_IMM cut over 8 paths at once, -c 1);
 # - completions: the application's counts are exact (a shadow completion
 #   reaches it as its own, a fence never);
 # - ibv_rc_pingpong (SENDs only, poll and event mode) is untouched;
@@ -58,11 +59,11 @@ a2a() {
   local args=(--world "$n" --bootstrap "$BOOT:$port" --transport verbs -d rxe0 --verb "$verb" -b 1M -e 1M
     --duration 12 -w 1 -c 1 --seg 256K)
   for ((r = 1; r < n; r++)); do
-    run "$name-$r" "h$((r + 1))" SHUNT_PATHS_PER_RAIL="$paths" "$BENCH" --rank $r "${args[@]}" \
+    run "$name-$r" "h$((r + 1))" SHUNT_PATHS_PER_RAIL="$paths" ${A2A_ENV:-} "$BENCH" --rank $r "${args[@]}" \
       > "$TMP/$name-$r.out" 2>&1 &
     pids+=($!)
   done
-  run "$name-0" h1 SHUNT_PATHS_PER_RAIL="$paths" "$BENCH" --rank 0 "${args[@]}" \
+  run "$name-0" h1 SHUNT_PATHS_PER_RAIL="$paths" ${A2A_ENV:-} "$BENCH" --rank 0 "${args[@]}" \
     > "$TMP/$name-0.out" 2>&1 || { cat "$TMP/$name-0.out"; fail "shunt-bench $verb failed"; }
   for ((r = 1; r < n; r++)); do
     wait "${pids[r - 1]}" || { cat "$TMP/$name-$r.out"; fail "shunt-bench rank $r failed"; }
@@ -92,6 +93,22 @@ for try in 1 2; do
   # random); a second run with fresh ports makes that 1 in 16384.
   [ $((s1 * 20)) -ge $((s1 + s2)) ] && [ $((s2 * 20)) -ge $((s1 + s2)) ] && break
   [ $try = 2 ] && fail "one QP's traffic stayed on one spine ($s1, $s2)"
+done
+
+note "SHUNT_SPREAD=split: each 256 KiB WRITE_WITH_IMM cut over 8 paths at once"
+for try in 1 2; do
+  snap a
+  A2A_ENV="SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536" a2a split write_imm 8
+  snap b
+  s1=$(delta a b l1r0-s1 up_bytes); s2=$(delta a b l1r0-s2 up_bytes)
+  echo "1 QP, split: s1 $s1 B, s2 $s2 B"
+  read -r splits segs msgs < <(py split-0 'b=rc[0]["bundle"]; print(b["splits"], b["segments"], b["messages_sent"])')
+  echo "splits $splits, segments $segs, messages $msgs"
+  # every message of rank 0 to rank 1 is one WRITE_WITH_IMM of 256 KiB
+  [ "$splits" -gt 0 ] && [ "$splits" -ge $((msgs * 9 / 10)) ] || fail "split: $splits of $msgs messages were split"
+  [ "$segs" -ge $((splits * 4)) ] || fail "split: $segs segments for $splits splits (8 paths)"
+  [ $((s1 * 20)) -ge $((s1 + s2)) ] && [ $((s2 * 20)) -ge $((s1 + s2)) ] && break
+  [ $try = 2 ] && fail "split: one QP's traffic stayed on one spine ($s1, $s2)"
 done
 
 pingpong() {

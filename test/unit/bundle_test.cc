@@ -25,6 +25,8 @@ struct Posted {
   uint64_t wr_id;
   uint32_t bytes;
   std::string inline_data;
+  uint64_t laddr = 0, raddr = 0;  // the first SGE's address, the remote address
+  uint32_t imm = 0;
 };
 std::vector<Posted> g_posted;
 std::deque<ibv_wc> g_cq;  // what the fake device will return from poll
@@ -32,6 +34,9 @@ std::deque<ibv_wc> g_cq;  // what the fake device will return from poll
 int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
   for (; wr; wr = wr->next) {
     Posted p{qp->qp_num, wr->opcode, wr->send_flags, wr->wr_id, 0, {}};
+    if (wr->num_sge) p.laddr = wr->sg_list[0].addr;
+    p.raddr = wr->wr.rdma.remote_addr;
+    p.imm = wr->imm_data;
     for (int i = 0; i < wr->num_sge; i++) {
       p.bytes += wr->sg_list[i].length;
       if (wr->send_flags & IBV_SEND_INLINE)
@@ -444,4 +449,156 @@ TEST(Bundle, APortEventFailsExactlyThePathsOnThatPort) {
   // The device's flushes of the failed paths never reach the application.
   g_cq.push_back(error_wc(500, 9, IBV_WC_WR_FLUSH_ERR));
   EXPECT_TRUE(r.poll().empty());
+}
+
+// SHUNT_SPREAD=split: a large WRITE_WITH_IMM goes out as plain WRITEs on
+// every shadow at once, covering its bytes end to end; its tail (the
+// application's immediate, signal and wr_id) waits until all completed, and
+// a SEND posted meanwhile waits behind the tail. The application sees one
+// completion, its own.
+TEST(Bundle, SplitCutsALargeWriteOverEveryShadowAndTheMessageWaitsForAllOfIt) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[256 * 1024];
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof buf, 1};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr_id = 7;
+  wr.imm_data = 0x1234;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = 0x100000;
+  wr.wr.rdma.rkey = 9;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(&r.app, &wr, &bad), 0);
+  ASSERT_EQ(g_posted.size(), 3u);
+  uint64_t next = 0;
+  std::vector<uint32_t> qpns;
+  for (const auto& p : g_posted) {
+    EXPECT_GE(p.qpn, 501u);
+    EXPECT_EQ(p.opcode, IBV_WR_RDMA_WRITE);
+    EXPECT_TRUE(p.flags & IBV_SEND_SIGNALED);
+    EXPECT_EQ(p.laddr, reinterpret_cast<uint64_t>(buf) + next);  // end to end, local and remote alike
+    EXPECT_EQ(p.raddr, 0x100000 + next);
+    next += p.bytes;
+    qpns.push_back(p.qpn);
+  }
+  EXPECT_EQ(next, sizeof buf - 4096);
+  std::sort(qpns.begin(), qpns.end());
+  EXPECT_EQ(std::unique(qpns.begin(), qpns.end()) - qpns.begin(), 3);  // one per shadow
+
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 8, buf), 0);
+  EXPECT_EQ(g_posted.size(), 3u);  // behind the tail
+  complete(g_posted[0].qpn, 0);
+  complete(g_posted[1].qpn, 0);
+  EXPECT_TRUE(r.poll().empty());
+  EXPECT_EQ(g_posted.size(), 3u);  // one segment still out: the tail waits
+  complete(g_posted[2].qpn, 0);
+  EXPECT_TRUE(r.poll().empty());
+  ASSERT_EQ(g_posted.size(), 5u);
+  EXPECT_EQ(g_posted[3].qpn, 500u);
+  EXPECT_EQ(g_posted[3].opcode, IBV_WR_RDMA_WRITE_WITH_IMM);
+  EXPECT_EQ(g_posted[3].wr_id, 7u);
+  EXPECT_EQ(g_posted[3].imm, 0x1234u);
+  EXPECT_EQ(g_posted[3].bytes, 4096u);
+  EXPECT_EQ(g_posted[3].raddr, 0x100000u + sizeof buf - 4096);
+  EXPECT_EQ(g_posted[3].laddr, reinterpret_cast<uint64_t>(buf) + sizeof buf - 4096);
+  EXPECT_EQ(g_posted[4].wr_id, 8u);
+  EXPECT_EQ(g_posted[4].qpn, 500u);
+  complete(500, 7);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 7u);
+  EXPECT_EQ(bundle_json(*r.rec)["splits"], 1);
+
+  // Below SHUNT_SPLIT_MIN_BYTES a WRITE stays where pin puts it.
+  g_posted.clear();
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 9, buf, 32768), 0);
+  ASSERT_EQ(g_posted.size(), 1u);
+  EXPECT_EQ(g_posted[0].qpn, 500u);
+}
+
+// A segment's path fails: that segment goes again (on the application's
+// QP, where the tail goes too, in order after it); the error never shows.
+TEST(Bundle, ASplitSegmentOnAFailedPathGoesAgainBeforeTheTail) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[128 * 1024];
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof buf, 1};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr_id = 3;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = 0x200000;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(&r.app, &wr, &bad), 0);
+  ASSERT_EQ(g_posted.size(), 3u);
+  const Posted lost = g_posted[1];
+  g_cq.push_back(error_wc(lost.qpn, 0, IBV_WC_RETRY_EXC_ERR));
+  complete(g_posted[0].qpn, 0);
+  EXPECT_TRUE(r.poll().empty());
+  ASSERT_EQ(g_posted.size(), 4u);
+  EXPECT_EQ(g_posted[3].qpn, 500u);  // the lost segment, as it was, at once
+  EXPECT_EQ(g_posted[3].raddr, lost.raddr);
+  EXPECT_EQ(g_posted[3].bytes, lost.bytes);
+  complete(g_posted[2].qpn, 0);  // the last segment still out
+  EXPECT_TRUE(r.poll().empty());
+  ASSERT_EQ(g_posted.size(), 5u);
+  EXPECT_EQ(g_posted[4].qpn, 500u);  // then the tail, behind the lost segment
+  EXPECT_EQ(g_posted[4].wr_id, 3u);
+  EXPECT_EQ(g_posted[4].bytes, 4096u);
+  complete(500, 0);  // the segment (shunt's own)
+  complete(500, 3);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 3u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+}
+
+// The next large WRITE need not wait for the last one's tail: its segments
+// go at once (each path keeps its order), its tail queues behind the first
+// one's; a WRITE into the range an unfinished split still writes waits.
+TEST(Bundle, SplitsPipelineButNeverOverlapAnUnfinishedOne) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[128 * 1024];
+  auto big = [&](uint64_t id, uint64_t raddr) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof buf, 1};
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = 9;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(&r.app, &wr, &bad);
+  };
+  ASSERT_EQ(big(1, 0x100000), 0);
+  ASSERT_EQ(g_posted.size(), 3u);
+  ASSERT_EQ(big(2, 0x200000), 0);  // elsewhere: out at once
+  ASSERT_EQ(g_posted.size(), 6u);
+  for (size_t i = 3; i < 6; i++) EXPECT_GE(g_posted[i].raddr, 0x200000u);
+  ASSERT_EQ(big(3, 0x100000 + 4096), 0);  // into the first one's range: waits
+  EXPECT_EQ(g_posted.size(), 6u);
+  // The first group completes (each path completes in order): its tail goes,
+  // the second's waits for its segments, the third WRITE behind it.
+  for (size_t i = 0; i < 3; i++) complete(g_posted[i].qpn, 0);
+  EXPECT_TRUE(r.poll().empty());
+  ASSERT_EQ(g_posted.size(), 7u);
+  EXPECT_EQ(g_posted[6].wr_id, 1u);
+  EXPECT_EQ(g_posted[6].qpn, 500u);
+  for (size_t i = 3; i < 6; i++) complete(g_posted[i].qpn, 0);
+  EXPECT_TRUE(r.poll().empty());
+  // The second tail, then the third WRITE's segments (the first split is done).
+  ASSERT_EQ(g_posted.size(), 11u);
+  EXPECT_EQ(g_posted[7].wr_id, 2u);
+  EXPECT_EQ(g_posted[7].qpn, 500u);
+  for (size_t i = 8; i < 11; i++) EXPECT_GE(g_posted[i].qpn, 501u);
+  EXPECT_EQ(g_posted[8].raddr, 0x100000u + 4096);
+  EXPECT_EQ(bundle_json(*r.rec)["splits"], 3);
 }
