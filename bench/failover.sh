@@ -18,7 +18,10 @@
 # the last second was back to 90% of before, bytes shunt replayed, how long
 # after healing every failed path was back in service (failback), and the
 # throughput before, during and after the fault.
-# FAILOVER_BENCH_ONLY="port-down nic-remove" runs some of them.
+# FAILOVER_BENCH_ONLY="port-down nic-remove" runs some of them;
+# FAILOVER_BENCH_CLIENTS="alltoall sendrecv ib_write_bw ib_send_bw
+# fi_pingpong" runs each fault under each of those programs (default
+# alltoall; the others are judged by exit status and what they print).
 set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
@@ -39,18 +42,23 @@ cases=(
   "cascade-10s|cascade --fault-for 10 --duration 30"
 )
 rc=0 ran=()
+for client in ${FAILOVER_BENCH_CLIENTS:-alltoall}; do
 for c in "${cases[@]}"; do
   tag=${c%%|*} args=${c#*|}
   if [ -n "${FAILOVER_BENCH_ONLY:-}" ]; then
     case " $FAILOVER_BENCH_ONLY " in *" ${args%% *} "*|*" $tag "*) ;; *) continue ;; esac
   fi
-  echo "--- $tag: shunt-bench scenario $args"
+  [ "$client" = alltoall ] || tag=$client:$tag
+  extra=()
+  case $client in ib_*) extra=(--size 64K) ;; esac
+  echo "--- $tag: shunt-bench scenario $args --client $client"
   # shellcheck disable=SC2086
-  "$B/bin/shunt-bench" scenario $args --fault-at 8 --out "$out/$tag" > "$out/$tag.log" 2>&1
+  "$B/bin/shunt-bench" scenario $args --client "$client" "${extra[@]}" --fault-at 8 --out "$out/$tag" > "$out/$tag.log" 2>&1
   x=$?
   [ $x = 77 ] && { tail -1 "$out/$tag.log"; exit 0; }
   [ $x = 0 ] || { cat "$out/$tag.log"; rc=1; continue; }
   ran+=("$tag")
+done
 done
 [ ${#ran[@]} -gt 0 ] || exit $rc
 python3 - "$out" "${ran[@]}" <<'PY'
@@ -61,15 +69,16 @@ def short(s, n):
     return s if len(s) <= n else s[: n - 1] + "~"
 cols = [("without: ended", lambda w, s: "exit %s, %s err" % (w["exit status"], w["errors seen by the app"])),
         ("with: ended", lambda w, s: "exit %s, %s err, %s wrong" % (s["exit status"], s["errors seen by the app"],
-                                                                    s["bytes wrong"])),
+                                                                    s.get("bytes wrong", "-"))),
         ("path down", lambda w, s: s.get("path down after", "-")),
         ("1st completion", lambda w, s: s.get("first completion after", "-")),
-        (">=90% after", lambda w, s: s["time to recover"]),
+        (">=90% after", lambda w, s: s.get("time to recover", "-")),
         ("replayed B", lambda w, s: s.get("bytes replayed", "-")),
         ("failback", lambda w, s: s.get("failback after healing", "-")),
         ("GB/s before/during/after", lambda w, s: "%s/%s/%s" % (s["GB/s before the fault"], s["GB/s during the fault"],
-                                                               s["GB/s after healing"]))]
-widths = [19, 26, 24, 10, 14, 12, 11, 9, 24]
+                                                               s["GB/s after healing"]) if "GB/s during the fault" in s
+                                                   else s.get("result", "-"))]
+widths = [31, 26, 24, 10, 14, 12, 11, 9, 24]
 print("".join(h.ljust(w) for h, w in zip(["fault"] + [c[0] for c in cols], widths)))
 for t in tags:
     try:

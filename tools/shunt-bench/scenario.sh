@@ -19,6 +19,13 @@
 #                 e.g. l1r0-s1, its leaf's uplink to spine s1)
 #   --spine S     the spine for `spine` (default s1)
 #   --flap-ms MS  a down+up cycle of `flap` (default 1000)
+#   --client C    alltoall (default) or sendrecv: shunt-bench with that
+#                 pattern (-c 1); ib_write_bw, ib_send_bw (perftest, h1 to
+#                 h2, rdma_cm with --retry-cnt, for --duration), fi_pingpong
+#                 (libfabric verbs, 4 KiB round trips, --pings of them):
+#                 unchanged programs, judged by their exit status and
+#                 what they print (they check no data)
+#   --pings N     fi_pingpong's round trips (default 4000)
 #   --transport T verbs (default) or tcp
 #   --verb V      write_imm (default) or send
 #   --ranks N     ranks, one guest each (default 2)
@@ -39,11 +46,14 @@ name=${1:-}
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
   *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
+client=alltoall pings=4000
 link=h1-r0 spine=s1 flap_ms=1000
 [ $name = nic-remove ] && fault_for=0
 while [ $# -gt 0 ]; do
   case $1 in
     --transport) transport=$2; shift ;;
+    --client) client=$2; shift ;;
+    --pings) pings=$2; shift ;;
     --link) link=$2; shift ;;
     --spine) spine=$2; shift ;;
     --flap-ms) flap_ms=$2; shift ;;
@@ -62,6 +72,12 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+
+case $client in
+  alltoall|sendrecv) ;;
+  ib_write_bw|ib_send_bw|fi_pingpong) ranks=2 transport=verbs ;;
+  *) echo "shunt-bench-scenario: --client: alltoall, sendrecv, ib_write_bw, ib_send_bw or fi_pingpong, not $client" >&2; exit 64 ;;
+esac
 
 here=$(cd "$(dirname "$0")" && pwd)
 bench=${SHUNT_BENCH:-$here/shunt-bench}
@@ -93,7 +109,12 @@ case $name in
   flap) where="$link every ${flap_ms} ms" ;;
   *) where=$link ;;
 esac
-echo "scenario $name: $transport${transport:+ }$([ $transport = verbs ] && echo $verb), $ranks ranks, $size," \
+what="$transport${transport:+ }$([ $transport = verbs ] && echo $verb) $client, $ranks ranks, $size"
+case $client in
+  ib_*) what="$client (perftest, h1 to h2, rdma_cm, retry count $retry), $size" ;;
+  fi_pingpong) what="fi_pingpong (libfabric verbs, h1 to h2), $pings round trips of 4 KiB" ;;
+esac
+echo "scenario $name: $what," \
   "fault on $where at ${fault_at}s $([ "$fault_for" = 0 ] && echo "for good" || echo "for ${fault_for}s"), ${duration}s per run"
 # The benchmark's bootstrap (TCP, a round trip every 20 ms) rides the last
 # rail, which no fault touches: rail 1, or a third rail where the fault
@@ -136,6 +157,54 @@ clock_offset() {
   python3 -c "print($g - ($a + $b) / 2)"
 }
 
+# the fault's marks (guest epochs): from when the workload starts
+fault_clock() {  # MODE OFFSET
+  local marks=$out/$1.marks
+  sleep "$fault_at"
+  echo "@$(python3 -c "import time; print(time.time() + $2)"):$name" >>"$marks"; inject on
+  if [ "$fault_for" != 0 ]; then
+    sleep "$fault_for"
+    echo "@$(python3 -c "import time; print(time.time() + $2)"):healed" >>"$marks"; inject off
+  fi
+}
+
+# run_tool MODE: an unchanged verbs program, server on h2, client on h1
+run_tool() {
+  local mode=$1 env=(env) off srv cli
+  [ "$mode" = with ] && env=(env "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
+    "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl")
+  off=$(clock_offset)
+  : >"$out/$mode.marks"
+  local dst args port
+  dst=$(fab addr h2 r0)
+  case $client in
+    ib_*) port=18515
+      args=("$client" -d rxe0 -R --retry_count="$retry" -u "$qpto" -D "$duration" -s "$(numfmt --from=iec "$size")") ;;
+    fi_pingpong) port=47592
+      args=(fi_pingpong -p verbs -e msg -I "$pings" -S 4096) ;;
+  esac
+  # bounded like the benchmark's runs: a program that hangs on a dead
+  # connection ends with exit 124
+  fab exec h2 -- timeout $((duration + stall + 90)) "${env[@]}" "${args[@]}" >"$out/$mode.server.out" 2>&1 &
+  srv=$!
+  fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port '; do sleep 0.2; done"
+  fab exec h1 -- timeout $((duration + stall + 90)) "${env[@]}" "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
+  cli=$!
+  fault_clock "$mode" "$off" >"$out/$mode.inject.log" 2>&1 &
+  injector=$!
+  local rc=0
+  wait "$cli" || rc=$?
+  wait "$srv" || { [ $rc = 0 ] && rc=$?; }
+  wait "$injector" 2>/dev/null; injector=
+  echo "$rc" >"$out/$mode.rc"
+  if [ "$mode" = with ]; then
+    for r in 0 1; do
+      fab exec h$((r + 1)) -- cat /tmp/shunt-stats.json >"$out/with.stats$r.json" 2>/dev/null
+      fab exec h$((r + 1)) -- cat /tmp/shunt-events.jsonl >"$out/with.events$r.jsonl" 2>/dev/null
+    done
+  fi
+}
+
 # run_one MODE: the workload on every guest, the fault injected meanwhile
 run_one() {
   local mode=$1 r pids=() env=(env)
@@ -148,7 +217,7 @@ run_one() {
   local marks=$out/$mode.marks off
   off=$(clock_offset)
   : >"$marks"
-  local args=(--world "$ranks" --bootstrap "$boot" --transport "$transport" --verb "$verb" -d rxe0
+  local args=(--world "$ranks" --bootstrap "$boot" -p "$client" --transport "$transport" --verb "$verb" -d rxe0
     -b "$size" -e "$size" -w 2 --duration "$duration" --timeline 100 -c 1 --stall-timeout "$stall" -q
     --seg 64K --retry-cnt "$retry" --qp-timeout "$qpto")  # small WRs: the timeline counts completions
   for ((r = ranks - 1; r >= 0; r--)); do
@@ -161,12 +230,7 @@ run_one() {
           fab exec h1 -- test -e "/tmp/shunt-bench-$mode.ready" 2>/dev/null && break
           sleep 0.2
         done
-        sleep "$fault_at"
-        echo "@$(python3 -c "import time; print(time.time() + $off)"):$name" >>"$marks"; inject on
-        if [ "$fault_for" != 0 ]; then
-          sleep "$fault_for"
-          echo "@$(python3 -c "import time; print(time.time() + $off)"):healed" >>"$marks"; inject off
-        fi ) \
+        fault_clock "$mode" "$off" ) \
         >"$out/$mode.inject.log" 2>&1 &
       injector=$!
     fi
@@ -200,7 +264,10 @@ PY
 
 for mode in without with; do
   echo "--- run $mode libshunt"
-  run_one $mode
+  case $client in
+    alltoall|sendrecv) run_one $mode ;;
+    *) run_tool $mode ;;
+  esac
   inject off >/dev/null 2>&1  # healed whatever happened
   if [ $name = nic-remove ] && [ $mode = without ]; then  # for good: a fresh fabric for the next run
     fab down >/dev/null 2>&1
@@ -210,11 +277,36 @@ for mode in without with; do
   sleep 2
 done
 
-"$bench" plot -o "$out/$name.png" --title "$name on $where: without and with libshunt" \
-  "$out/without.json" "$out/with.json" 2>"$out/plot.err" || cat "$out/plot.err"
-python3 - "$out" "$name" <<'PY'
-import json, os, sys
-out, name = sys.argv[1], sys.argv[2]
+if [ -s "$out/with.json" ]; then
+  "$bench" plot -o "$out/$name.png" --title "$name on $where: without and with libshunt" \
+    "$out/without.json" "$out/with.json" 2>"$out/plot.err" || cat "$out/plot.err"
+fi
+python3 - "$out" "$name" "$client" <<'PY'
+import json, os, re, sys
+out, name, client = sys.argv[1], sys.argv[2], sys.argv[3]
+tool = client not in ("alltoall", "sendrecv")
+
+def tool_result(mode):
+    """An unchanged program's own report: its error lines (client and
+    server) and its result (perftest: BW average MB/s; fi_pingpong: usec
+    per transfer)."""
+    errs, res = [], None
+    for side in ("client", "server"):
+        try:
+            lines = open(f"{out}/{mode}.{side}.out", errors="replace").read().splitlines()
+        except OSError:
+            continue
+        errs += [l.strip() for l in lines if re.search(r"error|fail|unable|timed? ?out", l, re.I)
+                 and not re.search(r" shunt (trace|debug|info|warning|error):", l)]  # shunt's log is no error of the app
+        if side != "client":
+            continue
+        for l in lines:
+            f = l.split()
+            if client.startswith("ib_") and len(f) >= 5 and f[0].isdigit() and f[1].isdigit():
+                res = f"{float(f[3]):.1f} MB/s (BW average)"
+            elif client == "fi_pingpong" and len(f) >= 6 and f[0] == "4k":
+                res = f"{f[1]} round trips, {f[6]} usec/xfer"
+    return errs, res
 
 def load(mode):
     r = {"mode": mode, "rc": "?", "json": None, "err": ""}
@@ -230,6 +322,9 @@ def load(mode):
     for f in sorted(os.listdir(out)):
         if f.startswith(mode + ".rank"):
             errs += [l.strip() for l in open(os.path.join(out, f), errors="replace") if "error:" in l]
+    if tool:
+        errs, r["result"] = tool_result(mode)
+        r["errors"] = len(errs)
     # a transport's own error says more than a bootstrap that saw its peer go
     own = [e for e in errs if "bootstrap:" not in e]
     r["err"] = (own or errs or [""])[0]
@@ -300,10 +395,17 @@ def shunt_did(j):
                     rb += b.get("replayed_bytes", 0)
     if seen:
         d["replayed"] = rb
-    if not j or "timeline" not in j:
+    if j and "timeline" in j:
+        start = j["timeline"].get("start_wall", 0)
+        marks = {m["label"]: m["t"] + start for m in j["marks"]}
+    elif tool:  # the marks as written (guest epochs)
+        marks = {}
+        for line in open(f"{out}/with.marks"):
+            t, _, label = line.strip().partition(":")
+            if t.startswith("@"):
+                marks[label] = float(t[1:])
+    else:
         return d
-    start = j["timeline"].get("start_wall", 0)
-    marks = {m["label"]: m["t"] + start for m in j["marks"]}
     fault, healed = marks.get(name), marks.get("healed")
     ev = []
     for f in sorted(os.listdir(out)):
@@ -333,28 +435,32 @@ for r in runs:
     p = phases(j) if j and "timeline" in j else {}
     col = {}
     col["exit status"] = r["rc"]
-    if j:
+    if tool:
+        col["errors seen by the app"] = str(r["errors"])
+        col["result"] = r["result"] or "none printed"
+    elif j:
         col["errors seen by the app"] = str(j["errors"])
         col["bytes wrong"] = "-" if j["wrong_total"] is None else str(j["wrong_total"])
     else:
         col["errors seen by the app"] = "no result"
         col["bytes wrong"] = "-"
-    col["GB/s before the fault"] = fmt(p.get("before"))
-    col["GB/s during the fault"] = fmt(p.get("during"))
-    col["GB/s after healing"] = fmt(p.get("after"))
-    if p.get("fault") is None:
-        col["time to recover"] = "-"
-    elif j.get("error"):
-        col["time to recover"] = f"never (failed at {p['end']:.1f} s)"
-    elif p.get("recover") is not None:
-        col["time to recover"] = fmt(p["recover"], " s", 1)
-    else:
-        col["time to recover"] = f"never (run ended at {p['end']:.1f} s)"
-    col["longest zero-throughput"] = fmt(p.get("stall"), " s", 1)
-    if p.get("fault") is None or j.get("error"):
-        col["first completion after"] = "-"
-    else:
-        col["first completion after"] = fmt(p.get("first"), " s", 1)
+    if not tool:  # the timeline of shunt-bench
+        col["GB/s before the fault"] = fmt(p.get("before"))
+        col["GB/s during the fault"] = fmt(p.get("during"))
+        col["GB/s after healing"] = fmt(p.get("after"))
+        if p.get("fault") is None:
+            col["time to recover"] = "-"
+        elif j.get("error"):
+            col["time to recover"] = f"never (failed at {p['end']:.1f} s)"
+        elif p.get("recover") is not None:
+            col["time to recover"] = fmt(p["recover"], " s", 1)
+        else:
+            col["time to recover"] = f"never (run ended at {p['end']:.1f} s)"
+        col["longest zero-throughput"] = fmt(p.get("stall"), " s", 1)
+        if p.get("fault") is None or j.get("error"):
+            col["first completion after"] = "-"
+        else:
+            col["first completion after"] = fmt(p.get("first"), " s", 1)
     if r["mode"] == "with":
         d = shunt_did(j)
         col["path down after"] = fmt(d["detect"], " s", 2)
@@ -367,7 +473,8 @@ print()
 print(f"{'scenario ' + name:<26} {'without libshunt':<34} {'with libshunt':<34}")
 for k in rows[0]:
     print(f"{k:<26} {rows[0][k]:<34} {rows[1][k]:<34}")
-print(f"{'plot':<26} {out}/{name}.png")
+if os.path.exists(f"{out}/{name}.png"):
+    print(f"{'plot':<26} {out}/{name}.png")
 for r in runs:
     print(f"first error {r['mode']} libshunt: {r['err'] or '-'}")
 summary = {"scenario": name, "without": dict(rows[0], first_error=runs[0]["err"]),
