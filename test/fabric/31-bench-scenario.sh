@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# timeout: 560
+# timeout: 720
 # `shunt-bench scenario blackhole --link l1r0-s1` (the demo's), shortened:
 # both runs (without and with libshunt) happen on a fresh fabric, the fault
 # is marked on their timelines, the side-by-side table has every row, the
 # plot is drawn, the run with libshunt ends without an error seen by the
-# application, and the fabric is gone afterwards. Then the same for an
-# unchanged ib_write_bw under an 8-second link outage.
+# application, and the fabric is gone afterwards. Then unchanged programs:
+# ib_write_bw under an 8-second link outage, fi_pingpong under a link lost
+# for good.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BIN=$ROOT/${BUILD:-build}/bin
@@ -62,6 +63,26 @@ assert w["exit status"] == "0" and w["errors seen by the app"] == "0", w
 assert w["result"].endswith("MB/s (BW average)"), w["result"]
 assert w["path down after"] != "-" and int(w["bytes replayed"]) > 0, w
 print("ib_write_bw under an 8 s outage: without", wo["result"], "exit", wo["exit status"], "; with", w["result"])
+PY
+
+# fi_pingpong (libfabric verbs over rdma_cm, plus its own TCP control
+# connection) while h1's rail-0 link is lost for good: without libshunt it
+# hangs on both; with it, the verbs traffic moves to the other rail and the
+# TCP connection, opened as MPTCP with a subflow on every rail
+# (SHUNT_SOCKET_RAILS=auto), goes on over rail 1: every round trip is made.
+"$BIN/shunt-bench" scenario link-down --client fi_pingpong --duration 10 --fault-at 3 --fault-for 0 --stall 5 \
+  --out "$TMP/fi" >"$TMP/fi.out" 2>&1
+rc=$?
+cat "$TMP/fi.out"
+[ $rc = 0 ] || fail "scenario --client fi_pingpong exited $rc"
+python3 - "$TMP/fi" <<'PY' || fail "fi_pingpong scenario results"
+import json, sys
+s = json.load(open(f"{sys.argv[1]}/summary.json"))
+wo, w = s["without"], s["with"]
+assert wo["exit status"] != "0", wo
+assert w["exit status"] == "0" and w["errors seen by the app"] == "0", w
+assert w["result"].startswith("4k round trips"), w["result"]
+assert w["path down after"] != "-", w
 PY
 [ "$(ip netns list | grep -c '^sf-sc' || true)" = "$before" ] || fail "scenario left its fabric behind"
 echo ok

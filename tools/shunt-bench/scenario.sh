@@ -172,7 +172,7 @@ fault_clock() {  # MODE OFFSET
 run_tool() {
   local mode=$1 env=(env) off srv cli
   [ "$mode" = with ] && env=(env "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
-    "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl")
+    "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl" "SHUNT_SOCKET_RAILS=auto")
   off=$(clock_offset)
   : >"$out/$mode.marks"
   local dst args port
@@ -185,10 +185,10 @@ run_tool() {
   esac
   # bounded like the benchmark's runs: a program that hangs on a dead
   # connection ends with exit 124
-  fab exec h2 -- timeout $((duration + stall + 90)) "${env[@]}" "${args[@]}" >"$out/$mode.server.out" 2>&1 &
+  fab exec h2 -- timeout $((duration + stall + 30)) "${env[@]}" "${args[@]}" >"$out/$mode.server.out" 2>&1 &
   srv=$!
   fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port '; do sleep 0.2; done"
-  fab exec h1 -- timeout $((duration + stall + 90)) "${env[@]}" "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
+  fab exec h1 -- timeout $((duration + stall + 30)) "${env[@]}" "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
   cli=$!
   fault_clock "$mode" "$off" >"$out/$mode.inject.log" 2>&1 &
   injector=$!
