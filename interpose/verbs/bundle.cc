@@ -1384,21 +1384,19 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   // through a busier spine gets less, one through an idle spine more, until
   // the queues even out; paths behind the same queue keep their shares.
   // Shares stay within 1/4..4 of their mean, so no path's estimate goes stale.
-  double wt[64], sum = 0, lsum = 0;
+  double raw = 0, sum = 0, lsum = 0;
   int ln = 0;
   for (int j = 0; j < k; j++)
     if (b->paths[on[j]].seg_lat > 0) lsum += b->paths[on[j]].seg_lat, ln++;
   for (int j = 0; j < k; j++) {
     Path& p = b->paths[on[j]];
     if (ln == k) p.share *= std::pow(lsum / ln / p.seg_lat, 0.25);
-    sum += p.share;
+    raw += p.share;
   }
   for (int j = 0; j < k; j++) {
     Path& p = b->paths[on[j]];
-    p.share = std::clamp(p.share * k / sum, 0.25, 4.0);
+    sum += p.share = std::clamp(p.share * k / raw, 0.25, 4.0);
   }
-  sum = 0;
-  for (int j = 0; j < k; j++) sum += wt[j] = b->paths[on[j]].share;
   const uint64_t head = len - kSplitTail;
   uint64_t off = 0;
   const int last = b->last;
@@ -1408,7 +1406,7 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   grp.len = len;
   grp.rkey = w->wr.rdma.rkey;
   for (int j = 0; j < k; j++) {
-    uint64_t n = static_cast<uint64_t>(static_cast<double>(head) * wt[j] / sum) & ~uint64_t(63);
+    uint64_t n = static_cast<uint64_t>(static_cast<double>(head) * b->paths[on[j]].share / sum) & ~uint64_t(63);
     n = std::max<uint64_t>(n, 64);
     if (j + 1 == k || off + n > head) n = head - off;
     if (n == 0) break;
@@ -1420,11 +1418,11 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
     s.num_sge = cut_sges(w->sg_list, w->num_sge, off, n, sg);
     s.wr.rdma.remote_addr = w->wr.rdma.remote_addr + off;
     s.wr.rdma.rkey = w->wr.rdma.rkey;
-    if (post_on(b, c, on[j], nullptr, &s) != 0) break;  // the tail takes what is left
-    Path& p = b->paths[on[j]];
-    p.signaled[p.signaled.size() - 1] = {p.posted, kSeg, 0, now_ns()};
-    p.infl[p.infl.size() - 1].own = true;
-    grp.segs.emplace_back(on[j], p.posted);
+    Copy seg;
+    seg.take(&s);
+    seg.own = true;
+    if (post_on(b, c, on[j], &seg, seg.get()) != 0) break;  // the tail takes what is left
+    grp.segs.emplace_back(on[j], b->paths[on[j]].posted);
     off += n;
   }
   b->last = last;  // the group orders what follows, not the last segment's path

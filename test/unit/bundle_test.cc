@@ -107,6 +107,21 @@ struct Rig {
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(&app, &wr, &bad);
   }
+  // A one-sided WR of len bytes of buf to remote address raddr (rkey 9).
+  int post_remote(ibv_wr_opcode op, uint64_t id, void* buf, uint32_t len, uint64_t raddr, uint32_t imm = 0) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf), len, 1};
+    ibv_send_wr wr{};
+    wr.opcode = op;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr_id = id;
+    wr.imm_data = imm;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = 9;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(&app, &wr, &bad);
+  }
   std::vector<ibv_wc> poll() {
     ibv_wc wc[16];
     int n = ibv_poll_cq(&cq, 16, wc);
@@ -460,18 +475,7 @@ TEST(Bundle, SplitCutsALargeWriteOverEveryShadowAndTheMessageWaitsForAllOfIt) {
   Rig r;
   bundle_spread_for_test(r.rec, 2, 65536);
   static char buf[256 * 1024];
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof buf, 1};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr_id = 7;
-  wr.imm_data = 0x1234;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = 0x100000;
-  wr.wr.rdma.rkey = 9;
-  ibv_send_wr* bad = nullptr;
-  ASSERT_EQ(ibv_post_send(&r.app, &wr, &bad), 0);
+  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE_WITH_IMM, 7, buf, sizeof buf, 0x100000, 0x1234), 0);
   ASSERT_EQ(g_posted.size(), 3u);
   uint64_t next = 0;
   std::vector<uint32_t> qpns;
@@ -525,16 +529,7 @@ TEST(Bundle, ASplitSegmentOnAFailedPathGoesAgainBeforeTheTail) {
   Rig r;
   bundle_spread_for_test(r.rec, 2, 65536);
   static char buf[128 * 1024];
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof buf, 1};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr_id = 3;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = 0x200000;
-  ibv_send_wr* bad = nullptr;
-  ASSERT_EQ(ibv_post_send(&r.app, &wr, &bad), 0);
+  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, 3, buf, sizeof buf, 0x200000), 0);
   ASSERT_EQ(g_posted.size(), 3u);
   const Posted lost = g_posted[1];
   g_cq.push_back(error_wc(lost.qpn, 0, IBV_WC_RETRY_EXC_ERR));
@@ -566,17 +561,7 @@ TEST(Bundle, SplitsPipelineButNeverOverlapAnUnfinishedOne) {
   bundle_spread_for_test(r.rec, 2, 65536);
   static char buf[128 * 1024];
   auto big = [&](uint64_t id, uint64_t raddr) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof buf, 1};
-    ibv_send_wr wr{};
-    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr_id = id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.wr.rdma.remote_addr = raddr;
-    wr.wr.rdma.rkey = 9;
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(&r.app, &wr, &bad);
+    return r.post_remote(IBV_WR_RDMA_WRITE_WITH_IMM, id, buf, sizeof buf, raddr);
   };
   ASSERT_EQ(big(1, 0x100000), 0);
   ASSERT_EQ(g_posted.size(), 3u);
