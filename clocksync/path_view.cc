@@ -37,10 +37,12 @@ void PathView::on_feedback(int64_t now, uint32_t rx_count, uint64_t seq) {
 }
 
 void PathView::add_delay(int64_t now, bool forward, double owd_ns) {
-  if (forward)
+  if (forward) {
     push(fwd_, nf_, hf_, Delay{now, float(owd_ns)});
-  else
+    fwd_queue_.add(now, owd_ns);
+  } else {
     push(rev_, nr_, hr_, Delay{now, float(owd_ns)});
+  }
 }
 
 bool PathView::update_liveness(int64_t now, int64_t dead_ns) {
@@ -62,6 +64,7 @@ PathStats PathView::stats(int64_t now) const {
   s.sent = sent_;
   s.received = rx_;
   s.last_heard_ns = std::min(last_rx_, last_fb_progress_);
+  s.fwd_queue = fwd_queue_.state();
   auto q = [&](const std::array<Delay, kRing>& ring, int n, double* p50, double* p99) {
     std::vector<float> v;
     v.reserve(n);

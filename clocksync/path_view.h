@@ -8,6 +8,8 @@
 #include <array>
 #include <cstdint>
 
+#include "clocksync/congestion.h"
+
 namespace shunt::clocksync {
 
 struct PathStats {
@@ -18,6 +20,7 @@ struct PathStats {
   uint64_t sent = 0, received = 0;          // probes, since start
   int64_t last_heard_ns = 0;                // local time of the last proof of life
   uint32_t delay_samples = 0;
+  CongestionState fwd_queue;  // queueing us -> peer, from the forward delays
 };
 
 class PathView {
@@ -49,6 +52,7 @@ class PathView {
     uint32_t rx;
   };
   int64_t window_;
+  CongestionDetector fwd_queue_;
   std::array<Delay, kRing> fwd_{}, rev_{};
   int nf_ = 0, nr_ = 0, hf_ = 0, hr_ = 0;
   std::array<Count, 64> fb_{};

@@ -139,6 +139,92 @@ TEST(ClocksyncPathView, LossAndDelayQuantiles) {
   EXPECT_NEAR(s.fwd_p99_ns, 10'900, 1);
 }
 
+// A quiet path: 50 us base, +-2 us of jitter, then a queue of 300 us builds
+// for a while and drains. The threshold comes from the jitter (6 x its median
+// deviation, here the 10 us floor), the queue makes the path congested
+// within a few samples, and it is clear again once drained.
+TEST(ClocksyncCongestion, QueueOverTheMeasuredNoise) {
+  CongestionDetector d;
+  const int64_t ms = 1'000'000;
+  int64_t t = 0;
+  auto feed = [&](int n, double base, double jitter) {
+    for (int i = 0; i < n; i++, t += 100 * ms) d.add(t, base + ((i % 3) - 1) * jitter);
+  };
+  feed(9, 50'000, 2'000);
+  EXPECT_EQ(d.state().base_ns, -1);  // warming up: no verdict
+  feed(40, 50'000, 2'000);
+  EXPECT_NEAR(d.state().base_ns, 50'000, 2'001);
+  EXPECT_FALSE(d.state().congested);
+  EXPECT_DOUBLE_EQ(d.state().threshold_ns, CongestionDetector::kMinThresholdNs);
+  feed(2, 350'000, 2'000);
+  EXPECT_FALSE(d.state().congested);  // two samples do not move a median of five
+  feed(2, 350'000, 2'000);
+  EXPECT_TRUE(d.state().congested);
+  EXPECT_GT(d.state().excess_ns, 290'000);
+  EXPECT_NEAR(d.state().base_ns, 50'000, 2'001);  // the queue never becomes the base
+  feed(20, 350'000, 2'000);
+  EXPECT_TRUE(d.state().congested);
+  feed(5, 50'000, 2'000);
+  EXPECT_FALSE(d.state().congested);
+  EXPECT_EQ(d.state().changes, 2u);
+}
+
+// A noisy path (+-400 us around 1 ms) gets a threshold from its own noise:
+// its jitter alone never makes it congested, a 1 us floor would have.
+TEST(ClocksyncCongestion, NoisyPathThresholdFollowsItsNoise) {
+  CongestionDetector d;
+  const int64_t ms = 1'000'000;
+  uint32_t x = 12345;
+  for (int i = 0; i < 600; i++) {
+    x = x * 1103515245u + 12345u;
+    d.add(i * 100 * ms, 1'000'000 + (double((x >> 8) % 800'001) - 400'000));
+  }
+  EXPECT_GT(d.state().threshold_ns, 300'000);
+  EXPECT_LT(d.state().threshold_ns, 2'000'000);
+  EXPECT_EQ(d.state().changes, 0u);
+  // A 5 ms queue stands out of that noise.
+  for (int i = 600; i < 610; i++) d.add(i * 100 * ms, 6'000'000);
+  EXPECT_TRUE(d.state().congested);
+}
+
+// Hysteresis: an excess hovering around the threshold does not flap.
+TEST(ClocksyncCongestion, HysteresisKeepsAHoveringPathSteady) {
+  CongestionDetector d;
+  const int64_t ms = 1'000'000;
+  int64_t t = 0;
+  for (int i = 0; i < 30; i++, t += 100 * ms) d.add(t, 100'000);
+  const double thr = d.state().threshold_ns;
+  for (int i = 0; i < 10; i++, t += 100 * ms) d.add(t, 100'000 + 2 * thr);
+  ASSERT_TRUE(d.state().congested);
+  for (int i = 0; i < 50; i++, t += 100 * ms) d.add(t, 100'000 + (i % 2 ? 0.7 : 1.3) * thr);
+  EXPECT_TRUE(d.state().congested);
+  EXPECT_EQ(d.state().changes, 1u);
+}
+
+// The base forgets: after a lasting route change to a longer path, the new
+// delay becomes the base once the old minimum left the base's memory.
+TEST(ClocksyncCongestion, BaseFollowsALastingRouteChange) {
+  CongestionDetector d(1'000'000'000);  // 1 s buckets: 8 s of memory
+  const int64_t ms = 1'000'000;
+  int64_t t = 0;
+  for (int i = 0; i < 30; i++, t += 100 * ms) d.add(t, 100'000);
+  for (int i = 0; i < 120; i++, t += 100 * ms) d.add(t, 400'000);
+  EXPECT_NEAR(d.state().base_ns, 400'000, 1);
+  EXPECT_FALSE(d.state().congested);
+}
+
+TEST(ClocksyncPathView, ForwardDelaysFeedTheQueueState) {
+  PathView v;
+  const int64_t ms = 1'000'000;
+  for (int i = 0; i < 30; i++) v.add_delay(i * 100 * ms, true, 20'000);
+  for (int i = 30; i < 40; i++) v.add_delay(i * 100 * ms, true, 220'000);
+  for (int i = 0; i < 40; i++) v.add_delay(i * 100 * ms, false, 20'000);  // reverse: not this state
+  PathStats s = v.stats(40 * 100 * ms);
+  EXPECT_TRUE(s.fwd_queue.congested);
+  EXPECT_NEAR(s.fwd_queue.excess_ns, 200'000, 1);
+  EXPECT_EQ(s.fwd_queue.samples, 40u);
+}
+
 TEST(ClocksyncPeers, ParsesPeerLists) {
   std::vector<PeerSpec> p;
   std::string err;

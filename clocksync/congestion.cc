@@ -1,0 +1,57 @@
+#include "clocksync/congestion.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace shunt::clocksync {
+
+void CongestionDetector::add(int64_t now, double owd_ns) {
+  if (!std::isfinite(owd_ns)) return;
+  last_[hlast_] = owd_ns;
+  hlast_ = (hlast_ + 1) % kLevel;
+  if (nlast_ < kLevel) nlast_++;
+  s_.samples++;
+  double v[kLevel];
+  for (int i = 0; i < nlast_; i++) {  // insertion sort of at most five
+    int j = i;
+    for (; j > 0 && v[j - 1] > last_[i]; j--) v[j] = v[j - 1];
+    v[j] = last_[i];
+  }
+  const double level = v[(nlast_ - 1) / 2];
+  s_.level_ns = level;
+  // The base: the lowest level in the last kBuckets buckets. A level, not a
+  // single sample, so one lucky probe does not set it.
+  const int newest = (hb_ + kBuckets - 1) % kBuckets;
+  if (nb_ == 0 || now - starts_[newest] >= bucket_ns_) {
+    mins_[hb_] = level;
+    starts_[hb_] = now;
+    hb_ = (hb_ + 1) % kBuckets;
+    if (nb_ < kBuckets) nb_++;
+  } else {
+    mins_[newest] = std::min(mins_[newest], level);
+  }
+  double base = mins_[(hb_ + kBuckets - 1) % kBuckets];
+  for (int i = 0; i < nb_; i++) base = std::min(base, mins_[i]);
+  const double excess = std::max(0.0, level - base);
+  // Noise: the mean absolute deviation of single samples from the level,
+  // i.e. the probes' own jitter. A queue building up moves the level, not
+  // this. Learned from every sample during the warm-up (a path is presumed
+  // clear when it starts), then only while clear and from deviations under
+  // the threshold (the first samples of a step, before the median follows,
+  // and lone spikes are not jitter).
+  const double dev = std::fabs(owd_ns - level);
+  if (s_.samples <= kWarmup)
+    s_.noise_ns += (dev - s_.noise_ns) / s_.samples;
+  else if (!s_.congested && dev < s_.threshold_ns)
+    s_.noise_ns += kNoiseEwma * (dev - s_.noise_ns);
+  s_.threshold_ns = std::max(kMinThresholdNs, kNoiseGain * s_.noise_ns);
+  if (s_.samples < kWarmup) return;  // level and noise settle first
+  s_.base_ns = base;
+  s_.excess_ns = excess;
+  const bool was = s_.congested;
+  if (!was && s_.excess_ns > s_.threshold_ns) s_.congested = true;
+  if (was && s_.excess_ns < s_.threshold_ns / 2) s_.congested = false;
+  if (was != s_.congested) s_.changes++;
+}
+
+}  // namespace shunt::clocksync
