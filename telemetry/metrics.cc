@@ -70,6 +70,12 @@ void declare(Exposition& x) {
   x.family("shunt_bundle_path_tx_bytes_total", "counter", "Bytes of the application's WRs posted on a path of a bundle.");
   x.family("shunt_bundle_path_failures_total", "counter",
            "Times a path of a bundle was taken out of service (error completion, stall, port event or the peer's word).");
+  x.family("shunt_bundle_path_share", "gauge",
+           "A shadow's weight in its bundle's split WRITEs (mean 1 over the bundle's shadows; steering moves it off congested paths).");
+  x.family("shunt_bundle_path_queue_seconds", "gauge",
+           "A shadow path's forward queue: the probes' one-way delay on its own source port over the path's base delay.");
+  x.family("shunt_bundle_path_congested", "gauge",
+           "1 while a shadow path's forward queue exceeds the threshold measured from its own delay noise.");
   x.family("shunt_failovers_total", "counter", "Two-sided work of a bundle moved off a failed path (failover events).");
   x.family("shunt_failbacks_total", "counter", "Traffic moved back to a recovered path.");
   x.family("shunt_replays_total", "counter", "Work requests replayed on another path after a failure.");
@@ -172,6 +178,11 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
         x.add("shunt_bundle_path_carrier", l, q.value("carrier", false) ? 1 : 0);
         x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
         x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+        if (q.contains("share")) x.add("shunt_bundle_path_share", l, q.value("share", 1.0));
+        if (q.contains("queue") && q["queue"].is_object()) {
+          x.add("shunt_bundle_path_queue_seconds", l, q["queue"].value("excess_ns", 0.0) / 1e9);
+          x.add("shunt_bundle_path_congested", l, q["queue"].value("congested", false) ? 1 : 0);
+        }
       }
     }
   for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
@@ -255,7 +266,9 @@ json bundle_paths_view(const HostView& v) {
                        {"up", q.value("up", false)},
                        {"carrier", q.value("carrier", false)},
                        {"tx_bytes", u64(q, "tx_bytes")},
-                       {"fails", u64(q, "fails")}});
+                       {"fails", u64(q, "fails")},
+                       {"share", q.contains("share") ? q["share"] : json(nullptr)},
+                       {"queue", q.contains("queue") ? q["queue"] : json(nullptr)}});
     }
   }
   return out;

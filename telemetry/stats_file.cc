@@ -62,7 +62,8 @@ const char* qp_type_name(ibv_qp_type t) {
 // A bundle's paths for the metrics: the application's QP first ("primary"),
 // then each shadow; up, whether it carries the two-sided work (the
 // bundle's "carrier": -1 the application's QP, else a shadow's index), the
-// bytes posted on it and how often it failed.
+// bytes posted on it and how often it failed; for a shadow also its share
+// of split WRITEs and, when the probes know it, its forward queue.
 json bundle_paths(const json& bj) {
   json out = json::array();
   const int carrier = bj.value("carrier", -1);
@@ -82,7 +83,9 @@ json bundle_paths(const json& bj) {
                    {"up", !p.value("down", false)},
                    {"carrier", carrier == i},
                    {"tx_bytes", p.value("bytes", uint64_t{0})},
-                   {"fails", p.value("fails", uint64_t{0})}});
+                   {"fails", p.value("fails", uint64_t{0})},
+                   {"share", p.value("share", 1.0)},
+                   {"queue", p.contains("queue") ? p["queue"] : json(nullptr)}});
     i++;
   }
   return out;

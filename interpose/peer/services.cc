@@ -19,10 +19,16 @@ using nlohmann::json;
 
 clocksync::ProbeEngine* g_engine = nullptr;  // agent thread only, once started
 
+json queue_json(const clocksync::CongestionState& q) {
+  return {{"base_ns", q.base_ns},           {"level_ns", q.level_ns},   {"excess_ns", q.excess_ns},
+          {"threshold_ns", q.threshold_ns}, {"congested", q.congested}, {"changes", q.changes}};
+}
+
 json path_json(const clocksync::PathStats& p) {
   return {{"alive", p.alive},         {"fwd_p50_ns", p.fwd_p50_ns}, {"fwd_p99_ns", p.fwd_p99_ns},
           {"rev_p50_ns", p.rev_p50_ns}, {"rev_p99_ns", p.rev_p99_ns}, {"fwd_loss", p.fwd_loss},
-          {"rev_loss", p.rev_loss},     {"sent", p.sent},             {"received", p.received}};
+          {"rev_loss", p.rev_loss},     {"sent", p.sent},             {"received", p.received},
+          {"fwd_queue", queue_json(p.fwd_queue)}};
 }
 
 json peers_json() {
@@ -97,6 +103,19 @@ json drop_bundle_paths(const json& req) {
   return {{"ok", true}};
 }
 
+// What the probes say of a bundle's source paths now: liveness and the
+// forward queue of each (by source port), for the bundle's steering.
+json bundle_paths_stats(const json& req) {
+  auto it = g_bundle_paths.find(req.value("key", ""));
+  if (!g_engine || it == g_bundle_paths.end()) return {{"error", "no such bundle's paths"}};
+  json out = json::array();
+  for (int id : it->second) {
+    auto sp = g_engine->source_path(id);
+    if (sp) out.push_back({{"port", sp->port}, {"alive", sp->stats.alive}, {"fwd_queue", queue_json(sp->stats.fwd_queue)}});
+  }
+  return {{"ok", true}, {"paths", out}};
+}
+
 void start_probe_engine() {
   const Config& c = config();
   if (c.str(Param::probe_addrs).empty()) return;  // no rails named: nothing to probe
@@ -134,6 +153,7 @@ void register_builtin_services() {
       }
     });
     register_command("bundle-paths-drop", drop_bundle_paths);
+    register_command("bundle-paths-stats", bundle_paths_stats);
     register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));
     telemetry::register_agent_services([] { return g_engine; });

@@ -16,6 +16,8 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <random>
 #include <fstream>
 #include <functional>
 #include <condition_variable>
@@ -33,6 +35,7 @@
 #include "interpose/peer/control.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
+#include "interpose/verbs/steer.h"
 #include "telemetry/event_log.h"
 
 namespace shunt::verbs {
@@ -179,6 +182,11 @@ struct Path {
   double ns_per_byte = 0;  // EWMA over the path's flowlets; 0: not measured yet
   double seg_lat = 0;      // EWMA of its split segments' time from post to completion (ns); 0: none yet
   double share = 1.0;      // its weight in a split's head
+  // Its forward queue, from the host agent's probes of its source port.
+  bool queue_known = false, congested = false;
+  double excess_ns = 0, threshold_ns = 0;
+  int last_move = 0;  // the sign of its share's last steering move
+  double prev_excess_ns = -1;  // the excess at the last steering step
 };
 
 inline int64_t now_ns() {
@@ -260,6 +268,12 @@ struct Bundle {
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   bool split = false;
   uint64_t split_min = 0;
+  // Steering (SHUNT_STEER): by the probes' forward queues while they know at
+  // least two of the split's paths (owd), else by segment latency.
+  bool steer = false, steer_owd = false;
+  std::mt19937 rng{std::random_device{}()};
+  uint64_t steer_steps = 0, steer_reversals = 0;
+  int64_t last_steer_ns = 0, last_steer_event_ms = 0;
   std::deque<SplitGroup> groups;  // splits whose tails wait, oldest first
   uint64_t group_ids = 0;
   std::vector<Path> paths;
@@ -662,6 +676,7 @@ void activate(Bundle* b) {
     b->last = kPrimary;
     b->flowlet = config().num(Param::spread) == 1;
     b->split = config().num(Param::spread) == 2;
+    b->steer = config().num(Param::steer) == 1;
     b->split_min = static_cast<uint64_t>(config().num(Param::split_min_bytes));
     b->prim.qp = b->pqp;
     b->prim.qpn = b->pqp->qp_num;
@@ -1055,6 +1070,93 @@ bool consumes(ibv_wr_opcode op) {
 Path& P(Bundle* b, int i) { return i == kPrimary ? b->prim : b->paths[i]; }
 bool drained(const Path& p) { return p.done == p.posted; }
 bool usable(const Path& p) { return !p.down && !p.probation; }
+// Steering a split bundle (steer.h): asks the host agent for the forward
+// queues its probes measure on the shadows' source ports and moves shares
+// off the congested paths. From the failover worker, every
+// SHUNT_STEER_INTERVAL_MS, never under the data path's lock across the
+// request. A step that moved shares is an event, at most one a second per
+// bundle (with the steps taken since the last one).
+void steer_tick(Bundle* b) {
+  std::string sock = agent::socket_path(), err;
+  if (sock.empty()) return;
+  auto r = peer::request(sock, {{"cmd", "bundle-paths-stats"}, {"key", probe_key(b)}}, 1000, &err);
+  if (!r || !r->value("ok", false)) return;
+  std::map<uint32_t, json> by_port;
+  for (const auto& p : r->value("paths", json::array()))
+    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("base_ns", -1.0) >= 0)
+      by_port[p.value("port", 0u)] = p["fwd_queue"];
+  std::string from, to, paths;
+  uint64_t steps = 0;
+  uint32_t qpn = 0;
+  {
+    std::lock_guard l(b->lk);
+    std::vector<SteerPath> sp;
+    std::vector<int> idx;
+    int known = 0;
+    for (size_t i = 0; i < b->paths.size(); i++) {
+      Path& p = b->paths[i];
+      auto it = p.rail ? by_port.end() : by_port.find(0xC000 | p.flow_label);
+      p.queue_known = it != by_port.end();
+      if (p.queue_known) {
+        p.excess_ns = it->second.value("excess_ns", 0.0);
+        p.threshold_ns = it->second.value("threshold_ns", 0.0);
+        p.congested = it->second.value("congested", false);
+      }
+      if (!usable(p)) continue;
+      SteerPath s;
+      s.share = p.share;
+      s.known = p.queue_known;
+      s.excess_ns = p.excess_ns;
+      s.threshold_ns = p.threshold_ns;
+      s.congested = p.congested;
+      s.prev_excess_ns = p.prev_excess_ns;
+      known += s.known;
+      sp.push_back(s);
+      idx.push_back(static_cast<int>(i));
+    }
+    b->steer_owd = known >= 2;
+    if (!b->steer_owd) return;
+    const int64_t t = now_ns();
+    const double interval = b->last_steer_ns ? static_cast<double>(t - b->last_steer_ns)
+                                             : static_cast<double>(config().num(Param::steer_interval_ms)) * 1e6;
+    b->last_steer_ns = t;
+    SteerResult res = steer_step(sp, interval, b->rng);
+    for (size_t j = 0; j < sp.size(); j++) b->paths[idx[j]].prev_excess_ns = sp[j].prev_excess_ns;
+    if (!res.moved) return;
+    b->steer_steps++;
+    for (size_t j = 0; j < sp.size(); j++) b->paths[idx[j]].share = sp[j].share;
+    auto mark = [&](const std::vector<int>& js, int dir) {
+      std::string ports;
+      for (int j : js) {
+        Path& p = b->paths[idx[j]];
+        if (p.last_move == -dir) b->steer_reversals++;
+        p.last_move = dir;
+        ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+      }
+      return ports;
+    };
+    from = mark(res.from, -1);
+    to = mark(res.to, 1);
+    const int64_t now = mono_ms();
+    if (now - b->last_steer_event_ms < 1000) return;
+    b->last_steer_event_ms = now;
+    // Each path as port:share:queue excess in us (-1 unknown), C when congested.
+    for (size_t j = 0; j < sp.size(); j++) {
+      const Path& p = b->paths[idx[j]];
+      paths += fmt::format("{}{}:{:.2f}:{:.0f}{}", paths.empty() ? "" : " ", 0xC000 | p.flow_label, p.share,
+                           p.queue_known ? p.excess_ns / 1000 : -1.0, p.congested ? ":C" : "");
+    }
+    steps = b->steer_steps;
+    qpn = b->pqp->qp_num;
+  }
+  telemetry::event("steer", {{"device", static_cast<const char*>(b->ctx->device)},
+                             {"qpn", qpn},
+                             {"from", from},
+                             {"to", to},
+                             {"steps", steps},
+                             {"paths", paths}});
+}
+
 bool signaled(const Bundle* b, const ibv_send_wr& w) {
   return (w.send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
 }
@@ -1384,13 +1486,17 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   // through a busier spine gets less, one through an idle spine more, until
   // the queues even out; paths behind the same queue keep their shares.
   // Shares stay within 1/4..4 of their mean, so no path's estimate goes stale.
+  // While the probes know the paths' forward queues, the failover worker
+  // steers the shares by those instead (steer_tick); SHUNT_STEER=off keeps
+  // them equal.
   double raw = 0, sum = 0, lsum = 0;
   int ln = 0;
   for (int j = 0; j < k; j++)
     if (b->paths[on[j]].seg_lat > 0) lsum += b->paths[on[j]].seg_lat, ln++;
+  const bool by_latency = b->steer && !b->steer_owd && ln == k;
   for (int j = 0; j < k; j++) {
     Path& p = b->paths[on[j]];
-    if (ln == k) p.share *= std::pow(lsum / ln / p.seg_lat, 0.25);
+    if (by_latency) p.share *= std::pow(lsum / ln / p.seg_lat, 0.25);
     raw += p.share;
   }
   for (int j = 0; j < k; j++) {
@@ -2122,13 +2228,25 @@ void run_worker(Bundle* b) {
   std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
   std::vector<std::deque<int64_t>> fails(b->paths.size());
   std::vector<bool> was_down(b->paths.size(), false);
-  int64_t move_since = 0;
+  int64_t move_since = 0, next_steer = 0;
   std::vector<int> reported, seen_down;
   for (;;) {
     {
       std::unique_lock w(b->wmu);
       b->wcv.wait_for(w, std::chrono::milliseconds(50), [&] { return b->wake; });
       b->wake = false;
+    }
+    // Steering first, outside move_mu: the agent's answer can take a while
+    // and no failover waits for it (it touches shares only, under lk).
+    if (b->split && b->steer && mono_ms() >= next_steer) {
+      next_steer = mono_ms() + config().num(Param::steer_interval_ms);
+      bool probed;
+      {
+        std::lock_guard g(b->mu);
+        if (b->dead) return;
+        probed = b->probed;
+      }
+      if (probed) steer_tick(b);
     }
     bool need_move, gave_up;
     std::vector<int> down;
@@ -2149,6 +2267,7 @@ void run_worker(Bundle* b) {
     if (gave_up) return;
     refresh_rkeys(b);
     poll_overdue_probes(b);
+
     if (down != seen_down) {  // a new failure: are the others behind the same fault?
       bool more = false;
       for (int i : down) more |= std::find(seen_down.begin(), seen_down.end(), i) == seen_down.end();
@@ -2836,7 +2955,13 @@ json bundle_json(const QpRecord& r) {
                      {"bytes", p.bytes},
                      {"in_flight", p.posted - p.done},
                      {"fails", p.fails},
-                     {"down", p.down}});
+                     {"down", p.down},
+                     {"share", p.share},
+                     {"seg_lat_ns", p.seg_lat},
+                     {"queue", p.queue_known ? json{{"excess_ns", p.excess_ns},
+                                                    {"threshold_ns", p.threshold_ns},
+                                                    {"congested", p.congested}}
+                                             : json(nullptr)}});
   return {{"state", b->state},
           {"device", static_cast<const char*>(b->ctx->device)},
           {"primary", {{"wrs", b->prim.wrs},
@@ -2848,6 +2973,9 @@ json bundle_json(const QpRecord& r) {
           {"fences", b->fences},
           {"splits", b->splits},
           {"segments", b->segments},
+          {"steer", !b->split ? "-" : !b->steer ? "off" : b->steer_owd ? "queue" : "latency"},
+          {"steer_steps", b->steer_steps},
+          {"steer_reversals", b->steer_reversals},
           {"held", b->held_total},
           {"to_primary", b->to_primary},
           {"carrier", b->carrier},

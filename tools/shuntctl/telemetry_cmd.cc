@@ -124,19 +124,35 @@ json bundle_paths_with_rates(const json& a, const json& b, double dt) {
 }
 
 // One line per path of every bundle: which are in service, which carries
-// the two-sided work (*), what each sends now and how often it failed.
+// the two-sided work (*), what each sends now, how often it failed, its
+// share of split WRITEs and its forward queue (C: congested).
 void print_bundle_paths(std::ostream& out, const json& paths) {
   if (paths.empty()) return;
   out << "\n" << std::left << std::setw(8) << "pid" << std::setw(6) << "rank" << std::setw(10) << "device"
       << std::setw(8) << "qpn" << std::setw(9) << "path" << std::setw(10) << "udp sport" << std::setw(6) << "state"
-      << std::setw(8) << "carrier" << std::setw(12) << "tx rate" << "failures\n";
+      << std::setw(8) << "carrier" << std::setw(12) << "tx rate" << std::setw(9) << "failures" << std::setw(7)
+      << "share" << "queue\n";
+  auto share = [](const json& p) {
+    if (!p.contains("share") || !p["share"].is_number()) return std::string("-");
+    char b[16];
+    snprintf(b, sizeof b, "%.2f", p["share"].get<double>());
+    return std::string(b);
+  };
+  auto queue = [](const json& p) {
+    if (!p.contains("queue") || !p["queue"].is_object()) return std::string("-");
+    char b[32];
+    snprintf(b, sizeof b, "%.1fms%s", p["queue"].value("excess_ns", 0.0) / 1e6,
+             p["queue"].value("congested", false) ? " C" : "");
+    return std::string(b);
+  };
   for (auto& p : paths)
     out << std::setw(8) << p["pid"].get<std::string>() << std::setw(6) << p["rank"].get<std::string>() << std::setw(10)
         << p["device"].get<std::string>() << std::setw(8) << p["qpn"].get<uint64_t>() << std::setw(9)
         << p["path"].get<std::string>() << std::setw(10)
         << (p["udp_sport"].get<uint64_t>() ? std::to_string(p["udp_sport"].get<uint64_t>()) : "-") << std::setw(6)
         << (p["up"].get<bool>() ? "up" : "DOWN") << std::setw(8) << (p["carrier"].get<bool>() ? "*" : "")
-        << std::setw(12) << rate(p["tx_bytes_per_s"].get<double>()) << p["fails"].get<uint64_t>() << "\n";
+        << std::setw(12) << rate(p["tx_bytes_per_s"].get<double>()) << std::setw(9) << p["fails"].get<uint64_t>()
+        << std::setw(7) << share(p) << queue(p) << "\n";
 }
 
 struct ProcTotals {

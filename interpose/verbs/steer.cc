@@ -1,0 +1,61 @@
+#include "interpose/verbs/steer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace shunt::verbs {
+
+SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::mt19937& rng) {
+  SteerResult r;
+  int n = 0;
+  bool any = false;
+  for (const auto& p : paths)
+    if (p.known) n++, any |= p.congested;
+  auto remember = [&] {
+    for (auto& p : paths) p.prev_excess_ns = p.known ? p.excess_ns : -1;
+  };
+  if (!any || n < 2) {
+    remember();
+    return r;
+  }
+  // Each path's queue as it will be kTrend steps ahead if it keeps
+  // changing as it did since the last step: the queue is the integral of
+  // the path's overload, so steering on the queue alone overshoots and
+  // swings; its change is the overload itself.
+  std::vector<double> ahead(paths.size(), 0);
+  double asum = 0;
+  for (size_t i = 0; i < paths.size(); i++) {
+    const SteerPath& p = paths[i];
+    if (!p.known) continue;
+    const double d = p.prev_excess_ns >= 0 ? p.excess_ns - p.prev_excess_ns : 0;
+    ahead[i] = std::max(0.0, p.excess_ns + kTrend * d);
+    asum += ahead[i];
+  }
+  const double mean = asum / n;
+  // A path's overload relative to the bundle's, as a fraction of its rate:
+  // the queue grows by (overload x interval) per step.
+  const double g = kSteerGain * std::uniform_real_distribution<double>(0.5, 1.5)(rng);
+  std::vector<double> before(paths.size());
+  double raw = 0;
+  for (size_t i = 0; i < paths.size(); i++) {
+    SteerPath& p = paths[i];
+    before[i] = p.share;
+    if (p.known && std::fabs(ahead[i] - mean) > p.threshold_ns / 2) {
+      const double u = std::clamp((ahead[i] - mean) / (kTrend * interval_ns), -kMaxStep, kMaxStep);
+      p.share *= std::exp(-g * u);
+    }
+    raw += p.share;
+  }
+  remember();
+  const double k = static_cast<double>(paths.size());
+  for (size_t i = 0; i < paths.size(); i++) {
+    SteerPath& p = paths[i];
+    p.share = std::clamp(p.share * k / raw, 0.25, 4.0);
+    if (p.share < before[i] * 0.995) r.from.push_back(static_cast<int>(i));
+    if (p.share > before[i] * 1.005) r.to.push_back(static_cast<int>(i));
+  }
+  r.moved = !r.from.empty() || !r.to.empty();
+  return r;
+}
+
+}  // namespace shunt::verbs

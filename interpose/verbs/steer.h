@@ -1,0 +1,44 @@
+// Steering a split bundle's shares by each path's forward queue (the probe
+// engine's one-way delays over the path's base, clocksync/congestion.h).
+// Pure arithmetic over the shares, so it is tested without a fabric.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace shunt::verbs {
+
+struct SteerPath {
+  double share = 1;         // in and out: the path's weight in a split's head
+  bool known = false;       // the probes have a verdict on this path
+  double excess_ns = 0;     // its forward queue: level over base
+  double threshold_ns = 0;  // the excess its own noise allows
+  bool congested = false;
+  double prev_excess_ns = -1;  // in and out: the excess at the last step (-1: none)
+};
+
+struct SteerResult {
+  bool moved = false;          // some share changed
+  std::vector<int> from, to;   // the paths that lost share, and those that gained
+};
+
+// One steering step, interval_ns after the last. Nothing moves while no
+// known path is congested: shares stay where the last step left them (a
+// balance that keeps every queue short is kept, and an uncontended bundle
+// keeps its static split). Else each known path's queue is extrapolated
+// kTrend steps ahead from its change since the last step (the queue is the
+// integral of the path's overload: steering on the queue alone overshoots
+// and swings, its change is the overload itself), and the path's share is
+// scaled by exp(-g u), u its extrapolated queue over the bundle's mean, per
+// kTrend intervals (so a fraction of its rate), at most kMaxStep. g is
+// kSteerGain times a random factor in [0.5, 1.5], so bundles of different
+// jobs on one fabric do not all step alike and stampede onto the same free
+// path. Paths within half their threshold of the mean keep their share (no
+// dithering around a balance). Shares stay within 1/4..4 of their mean.
+SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::mt19937& rng);
+
+constexpr double kSteerGain = 0.4;
+constexpr double kTrend = 8;
+constexpr double kMaxStep = 0.3;
+
+}  // namespace shunt::verbs
