@@ -54,4 +54,15 @@ void CongestionDetector::add(int64_t now, double owd_ns) {
   if (was != s_.congested) s_.changes++;
 }
 
+void CongestionDetector::seed_from(int64_t now, const CongestionDetector& o) {
+  if (o.s_.base_ns < 0 || s_.samples) return;
+  mins_[0] = o.s_.base_ns;
+  starts_[0] = now;
+  nb_ = 1;
+  hb_ = 1 % kBuckets;
+  s_.noise_ns = o.s_.noise_ns;
+  s_.threshold_ns = o.s_.threshold_ns;
+  s_.samples = kWarmup;  // judged from its first sample on
+}
+
 }  // namespace shunt::clocksync

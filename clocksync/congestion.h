@@ -38,6 +38,11 @@ class CongestionDetector {
   explicit CongestionDetector(int64_t bucket_ns = 15'000'000'000) : bucket_ns_(bucket_ns) {}
   void add(int64_t now, double owd_ns);
   const CongestionState& state() const { return s_; }
+  // Starts from another detector's base and noise, warm-up done: for a new
+  // path between the same two hosts (another source port on the same rail)
+  // whose probes start while the job already loads it. Its own lower levels
+  // still lower the base; nothing if `o` has no verdict yet.
+  void seed_from(int64_t now, const CongestionDetector& o);
 
  private:
   int64_t bucket_ns_;

@@ -334,6 +334,10 @@ int ProbeEngine::add_source_path(std::string_view peer, int rail, uint16_t src_p
     sp->port = sock->port();
     sp->sock = std::move(sock);
     sp->ps.remote = p->paths[rail].remote;
+    // Its queue is judged against the rail path's base and noise: the same
+    // two hosts, probed since the peer was added, likely before the job
+    // that asks for this path loaded the fabric.
+    sp->ps.view.seed_queue(ts_.now(), p->paths[rail].view);
     // Its own sequence space, from the clock like the engine's: never one the
     // peer saw on an earlier path from this port.
     sp->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);

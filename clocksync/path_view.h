@@ -40,6 +40,9 @@ class PathView {
   int64_t dead_at(int64_t dead_ns) const;
   PathStats stats(int64_t now) const;
   bool alive() const { return alive_; }
+  // A new path's forward queue starts from `o`'s base and noise
+  // (CongestionDetector::seed_from).
+  void seed_queue(int64_t now, const PathView& o) { fwd_queue_.seed_from(now, o.fwd_queue_); }
 
  private:
   struct Delay {

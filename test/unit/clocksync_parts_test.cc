@@ -213,6 +213,26 @@ TEST(ClocksyncCongestion, BaseFollowsALastingRouteChange) {
   EXPECT_FALSE(d.state().congested);
 }
 
+// A path whose probes start under load judges against the seed's base: the
+// same hosts' clear rail path (100 us) shows its 2 ms queue at once, where
+// an unseeded one takes the queue for its base.
+TEST(ClocksyncCongestion, SeededPathSeesAQueueFromItsFirstSamples) {
+  const int64_t ms = 1'000'000;
+  CongestionDetector rail, fresh, seeded;
+  for (int i = 0; i < 40; i++) rail.add(i * 100 * ms, 100'000 + (i % 2) * 1'000);
+  seeded.seed_from(4000 * ms, rail);
+  for (int i = 40; i < 45; i++) {
+    fresh.add(i * 100 * ms, 2'100'000);
+    seeded.add(i * 100 * ms, 2'100'000);
+  }
+  EXPECT_TRUE(seeded.state().congested);
+  EXPECT_NEAR(seeded.state().excess_ns, 2'000'000, 1'000);
+  EXPECT_EQ(fresh.state().base_ns, -1);  // still warming up, and its base would be the queue
+  CongestionDetector none;
+  none.seed_from(0, fresh);  // a seed without a verdict seeds nothing
+  EXPECT_EQ(none.state().samples, 0u);
+}
+
 TEST(ClocksyncPathView, ForwardDelaysFeedTheQueueState) {
   PathView v;
   const int64_t ms = 1'000'000;
