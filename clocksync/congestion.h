@@ -12,7 +12,7 @@
 namespace shunt::clocksync {
 
 struct CongestionState {
-  double base_ns = -1;       // -1 until enough samples
+  double base_ns = -1;       // -1 until enough samples (kWarmup); raw delays may be negative
   double level_ns = -1;      // median of the newest kLevel samples
   double noise_ns = 0;       // mean absolute deviation of samples from the level
   double threshold_ns = 0;   // excess over the base that makes the path congested

@@ -767,6 +767,15 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
       if (clock) p->est.add_forward({t.tx[0], *d});
       if (m.valid) ps.view.add_delay(rx, true, double(*d) - m.offset_at(t.tx[0]));
     }
+    // The queue detector takes every pair, queued ones above all (the pair
+    // filter keeps those that met no queue): the lesser of its two delays,
+    // against the clock model once it exists, else raw (the offset is
+    // constant enough over the detector's memory; PathView restarts the
+    // detector when the model appears).
+    if (f.rx0 && f.rx1) {
+      const double raw = double(std::min(f.rx0 - t.tx[0], f.rx1 - t.tx[1]));
+      ps.view.add_queue_sample(rx, m.valid ? raw - m.offset_at(t.tx[0]) : raw, m.valid);
+    }
   }
   return true;
 }

@@ -37,12 +37,18 @@ void PathView::on_feedback(int64_t now, uint32_t rx_count, uint64_t seq) {
 }
 
 void PathView::add_delay(int64_t now, bool forward, double owd_ns) {
-  if (forward) {
+  if (forward)
     push(fwd_, nf_, hf_, Delay{now, float(owd_ns)});
-    fwd_queue_.add(now, owd_ns);
-  } else {
+  else
     push(rev_, nr_, hr_, Delay{now, float(owd_ns)});
+}
+
+void PathView::add_queue_sample(int64_t now, double owd_ns, bool on_model) {
+  if (on_model && !queue_on_model_) {  // raw until the model exists, then on it for good
+    fwd_queue_ = CongestionDetector();
+    queue_on_model_ = true;
   }
+  if (on_model == queue_on_model_) fwd_queue_.add(now, owd_ns);  // a model lost for a while: no samples
 }
 
 bool PathView::update_liveness(int64_t now, int64_t dead_ns) {

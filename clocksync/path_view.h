@@ -33,6 +33,11 @@ class PathView {
   // The peer's cumulative count of our probes and the newest pair it saw.
   void on_feedback(int64_t now, uint32_t rx_count, uint64_t pair_seq);
   void add_delay(int64_t now, bool forward, double owd_ns);
+  // A forward delay for the queue detector, from any pair (queued or not);
+  // `on_model`: corrected by the clock model, else raw (receiver's clock
+  // minus sender's). The detector restarts once, when the model appears;
+  // raw samples after that (the model lost for a while) are not taken.
+  void add_queue_sample(int64_t now, double owd_ns, bool on_model);
   // Re-evaluates liveness; returns true when it changed.
   bool update_liveness(int64_t now, int64_t dead_ns);
   // When an alive path turns dead unless proof of life arrives first
@@ -56,6 +61,7 @@ class PathView {
   };
   int64_t window_;
   CongestionDetector fwd_queue_;
+  bool queue_on_model_ = false;
   std::array<Delay, kRing> fwd_{}, rev_{};
   int nf_ = 0, nr_ = 0, hf_ = 0, hr_ = 0;
   std::array<Count, 64> fb_{};

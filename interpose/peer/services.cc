@@ -20,7 +20,8 @@ using nlohmann::json;
 clocksync::ProbeEngine* g_engine = nullptr;  // agent thread only, once started
 
 json queue_json(const clocksync::CongestionState& q) {
-  return {{"base_ns", q.base_ns},           {"level_ns", q.level_ns},   {"excess_ns", q.excess_ns},
+  return {{"ready", q.samples >= clocksync::CongestionDetector::kWarmup},
+          {"base_ns", q.base_ns},           {"level_ns", q.level_ns},   {"excess_ns", q.excess_ns},
           {"threshold_ns", q.threshold_ns}, {"congested", q.congested}, {"changes", q.changes}};
 }
 

@@ -236,10 +236,14 @@ TEST(ClocksyncCongestion, SeededPathSeesAQueueFromItsFirstSamples) {
 TEST(ClocksyncPathView, ForwardDelaysFeedTheQueueState) {
   PathView v;
   const int64_t ms = 1'000'000;
-  for (int i = 0; i < 30; i++) v.add_delay(i * 100 * ms, true, 20'000);
-  for (int i = 30; i < 40; i++) v.add_delay(i * 100 * ms, true, 220'000);
-  for (int i = 0; i < 40; i++) v.add_delay(i * 100 * ms, false, 20'000);  // reverse: not this state
-  PathStats s = v.stats(40 * 100 * ms);
+  // Raw samples (no clock model yet: a 5 ms offset in them), then the
+  // model appears and the detector starts over on corrected ones.
+  for (int i = 0; i < 30; i++) v.add_queue_sample(i * 100 * ms, 5'020'000, false);
+  EXPECT_EQ(v.stats(30 * 100 * ms).fwd_queue.samples, 30u);
+  for (int i = 30; i < 60; i++) v.add_queue_sample(i * 100 * ms, 20'000, true);
+  for (int i = 60; i < 70; i++) v.add_queue_sample(i * 100 * ms, 220'000, true);
+  for (int i = 0; i < 70; i++) v.add_delay(i * 100 * ms, true, 20'000);  // the pair-filtered delays: not this state
+  PathStats s = v.stats(70 * 100 * ms);
   EXPECT_TRUE(s.fwd_queue.congested);
   EXPECT_NEAR(s.fwd_queue.excess_ns, 200'000, 1);
   EXPECT_EQ(s.fwd_queue.samples, 40u);
