@@ -18,8 +18,13 @@ $(BUILD)/bin/shunt-bench-scenario: tools/shunt-bench/scenario.sh
 	@mkdir -p $(dir $@)
 	install -m 0755 $< $@
 
+all: $(BUILD)/bin/shunt-bench-contention
+$(BUILD)/bin/shunt-bench-contention: tools/shunt-bench/contention.sh
+	@mkdir -p $(dir $@)
+	install -m 0755 $< $@
+
 install: bench-install-scenario
 .PHONY: bench-install-scenario
-bench-install-scenario: $(BUILD)/bin/shunt-bench-scenario
+bench-install-scenario: $(BUILD)/bin/shunt-bench-scenario $(BUILD)/bin/shunt-bench-contention
 	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 $< $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $^ $(DESTDIR)$(PREFIX)/bin/

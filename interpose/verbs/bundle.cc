@@ -270,7 +270,7 @@ struct Bundle {
   uint64_t split_min = 0;
   // Steering (SHUNT_STEER): by the probes' forward queues while they know at
   // least two of the split's paths (owd), else by segment latency.
-  bool steer = false, steer_owd = false;
+  bool steer = false, steer_queue = false, steer_owd = false;
   std::mt19937 rng{std::random_device{}()};
   uint64_t steer_steps = 0, steer_reversals = 0;
   int64_t last_steer_ns = 0, last_steer_event_ms = 0;
@@ -676,7 +676,8 @@ void activate(Bundle* b) {
     b->last = kPrimary;
     b->flowlet = config().num(Param::spread) == 1;
     b->split = config().num(Param::spread) == 2;
-    b->steer = config().num(Param::steer) == 1;
+    b->steer = config().num(Param::steer) != 0;
+    b->steer_queue = config().num(Param::steer) == 2;
     b->split_min = static_cast<uint64_t>(config().num(Param::split_min_bytes));
     b->prim.qp = b->pqp;
     b->prim.qpn = b->pqp->qp_num;
@@ -788,6 +789,16 @@ bool initiates(const Bundle* b) {
 
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
 void wake_worker(Bundle* b);
+// A probed split bundle steers from the start: its failover worker asks for
+// the paths' queues (steer_tick), so it runs before any failure.
+void start_steering(Bundle* b) {
+  bool probed;
+  {
+    std::lock_guard g(b->mu);
+    probed = b->probed && !b->dead;
+  }
+  if (probed && b->split && b->steer_queue) wake_worker(b);
+}
 void start_stall_watch();
 void watch_resync(bool wait);
 bool rails_wanted(Bundle* b);
@@ -892,6 +903,7 @@ void run_setup(Bundle* b) {
     start_stall_watch();
     g.unlock();
     register_probe_paths(b);
+    start_steering(b);
     return;
   }
 failed : {
@@ -1046,6 +1058,7 @@ json answer_activate(const json& req) {
     start_stall_watch();
   }
   register_probe_paths(b);
+  start_steering(b);
   return {{"ok", true}};
 }
 
@@ -1083,7 +1096,7 @@ void steer_tick(Bundle* b) {
   if (!r || !r->value("ok", false)) return;
   std::map<uint32_t, json> by_port;
   for (const auto& p : r->value("paths", json::array()))
-    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("base_ns", -1.0) >= 0)
+    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
       by_port[p.value("port", 0u)] = p["fwd_queue"];
   std::string from, to, paths;
   uint64_t steps = 0;
@@ -2238,7 +2251,7 @@ void run_worker(Bundle* b) {
     }
     // Steering first, outside move_mu: the agent's answer can take a while
     // and no failover waits for it (it touches shares only, under lk).
-    if (b->split && b->steer && mono_ms() >= next_steer) {
+    if (b->split && b->steer_queue && mono_ms() >= next_steer) {
       next_steer = mono_ms() + config().num(Param::steer_interval_ms);
       bool probed;
       {

@@ -5,7 +5,10 @@
 #
 # Usage: shunt-bench scenario NAME [options]
 #   NAME          link-down | port-down | flap | blackhole | spine | two-rails |
-#                 cascade | nic-remove
+#                 cascade | nic-remove | contention
+#                 contention: two all-to-all jobs collide on rate-limited
+#                 spines, run without libshunt, with static spreading and
+#                 with steering (its own options: contention --help)
 #                 link-down: LINK down (a host link goes silently dark; an
 #                 uplink re-routes); port-down: h1's rail-0 port (carrier);
 #                 flap: LINK down and up every --flap-ms; blackhole: LINK
@@ -43,8 +46,12 @@
 # the fabric or the harness failed, 77 when no fabric can be built here.
 set -u
 name=${1:-}
+if [ "$name" = contention ]; then
+  shift
+  exec "$(dirname "$0")/shunt-bench-contention" "$@"
+fi
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
-  *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+  *) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
 client=alltoall pings=4000
 link=h1-r0 spine=s1 flap_ms=1000

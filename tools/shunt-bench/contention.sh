@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# shunt-bench-contention: two all-to-all jobs colliding on a fabric whose
+# spines, not the hosts, are the bottleneck; run without libshunt, with
+# shunt's static spreading only (split, SHUNT_STEER=off) and with steering
+# by segment latency (SHUNT_STEER=latency) and by the probes' forward
+# queues (SHUNT_STEER=queue). `shunt-bench scenario contention` runs it.
+#
+# Usage: shunt-bench scenario contention [options]
+#   --rate MBIT   every leaf-spine link, each way (default 20; soft-RoCE
+#                 guests on two host cores are CPU-bound above ~30)
+#   --duration S  seconds per run (default 30)
+#   --tries N     runs without libshunt until one collides (default 4)
+#   --paths N     shadow paths per bundle (default 8)
+#   --modes M     which runs with libshunt (default "static latency queue")
+#   --out DIR     JSON, stats, events and the plot (default ./scenario-contention)
+#   --keep        leave the fabric up afterwards
+# Topology: 4 guests, 2 per leaf, 2 spines, one rail; the routers hash
+# source and destination address and UDP source port (shunt-fabric
+# --ecmp-hash sport), so the host agents' probes from each shadow's source
+# port follow that shadow's spine. Job A is h1<->h3, job B h2<->h4 (2 ranks
+# each, WRITE_WITH_IMM of 256 KiB, window 2): every byte crosses a spine.
+# A run "collides" when one of leaf 1's uplinks carried >= 90% of what
+# crossed. Printed per mode: each job's MB/s, their sum, the max-min fair
+# ideal (both spines full, split evenly: each job one spine's worth each
+# way), each job against its fair share, steering steps and reversals per
+# bundle per second, and a timeline plot of every run.
+# Exit: 0 when every run was carried out, 2 when the fabric or a run failed,
+# 77 when no fabric can be built here.
+set -u
+rate=20 duration=30 tries=4 paths=8 modes="static latency queue" out= keep=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rate) rate=$2; shift ;;
+    --duration) duration=$2; shift ;;
+    --tries) tries=$2; shift ;;
+    --paths) paths=$2; shift ;;
+    --modes) modes=$2; shift ;;
+    --out) out=$2; shift ;;
+    --keep) keep=1 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "shunt-bench-contention: unknown option $1" >&2; exit 64 ;;
+  esac
+  shift
+done
+here=$(cd "$(dirname "$0")" && pwd)
+bench=${SHUNT_BENCH:-$here/shunt-bench}
+root=${SHUNT_ROOT:-$(cd "$here/../.." && pwd)}
+fabric=$here/shunt-fabric
+[ -x "$fabric" ] || fabric=$root/tools/shunt-fabric
+shim=$root/${BUILD:-build}/lib/libshunt.so
+[ -x "$fabric" ] || { echo "shunt-bench-contention: shunt-fabric not found"; exit 77; }
+[ -x "$bench" ] || { echo "shunt-bench-contention: $bench not built"; exit 77; }
+[ -f "$shim" ] || { echo "shunt-bench-contention: $shim not built (make)"; exit 77; }
+out=${out:-$PWD/scenario-contention}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+fab_name=ct$$
+fab() { "$fabric" --name "$fab_name" "$@"; }
+agents=()
+cleanup() {
+  local p
+  for p in "${agents[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  [ $keep = 1 ] || fab down >/dev/null 2>&1
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "scenario contention: two 2-rank all-to-all jobs (h1<->h3, h2<->h4), spines at $rate Mbit/s, ${duration}s per run"
+fab up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2 --ecmp-hash sport >"$out/fabric.log" 2>&1 ||
+  { cat "$out/fabric.log"; echo "shunt-bench-contention: cannot bring up the fabric"; exit 2; }
+# Deep queues (1 s): rxe recovers badly from drops (go-back-N after a
+# timeout), so the spines queue rather than drop; ACK timeout ~1 s to match.
+for l in 1 2; do for s in 1 2; do
+  fab fault rate "l${l}r0-s$s" "$rate" --queue-ms 1000 >/dev/null || { echo "shunt-bench-contention: rate l${l}r0-s$s"; exit 2; }
+done; done
+key=contention-$fab_name-$RANDOM
+declare -A addr
+for h in h1 h2 h3 h4; do addr[$h]=$(fab addr $h r0); done
+# Each host's agent, started before the jobs: the first preloaded process
+# of a host to open a socket becomes its agent, and its probe engine learns
+# every peer's clock and clear base delay before the jobs load the spines.
+# Hosts are named by their address, as the agents name the peers of bundles.
+peer_list() { local h s=""; for h in "$@"; do s+="${addr[$h]}=${addr[$h]} "; done; echo "$s"; }
+for h in h1 h2 h3 h4; do
+  case $h in h1) p=h3 ;; h3) p=h1 ;; h2) p=h4 ;; h4) p=h2 ;; esac
+  fab exec $h -- env LD_PRELOAD="$shim" SHUNT_JOB_KEY="$key" SHUNT_PROBE_ADDRS="${addr[$h]}" SHUNT_PROBE_NAME="${addr[$h]}" \
+    SHUNT_PEERS="$(peer_list $p)" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 SHUNT_LOG_LEVEL=info \
+    python3 -c "import socket, time; s = socket.socket(); time.sleep($((6 * duration + 600)))" >"$out/agent-$h.log" 2>&1 &
+  agents+=($!)
+done
+sleep 8
+
+# job MODE TAG A B PORT: a 2-rank job, rank 0 on host A
+job() {
+  local mode=$1 tag=$2 a=$3 b=$4 port=$5 env=(env)
+  case $mode in
+    static|latency|queue) env=(env LD_PRELOAD="$shim" SHUNT_MODE=active SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536
+      SHUNT_JOB_KEY="$key" SHUNT_PATHS_PER_RAIL="$paths" SHUNT_PATH_DEAD_MS=8000
+      SHUNT_STEER=$([ $mode = static ] && echo off || echo $mode) SHUNT_LOG_LEVEL=info
+      SHUNT_STATS_FILE=/tmp/contention.json SHUNT_EVENT_LOG=/tmp/contention-events.jsonl) ;;
+  esac
+  local args=(--world 2 --bootstrap "${addr[$a]}:$port" --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K
+    --duration "$duration" -w 2 -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60 -q --timeline 500)
+  fab exec "$b" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 1 "${args[@]}" >"$out/$mode.$tag.rank1.out" 2>&1 &
+  local p=$!
+  fab exec "$a" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 0 "${args[@]}" \
+    -J "/tmp/contention-$mode-$tag.json" --label "$mode, job $tag" >"$out/$mode.$tag.rank0.out" 2>&1
+  local rc=$?
+  wait $p || rc=1
+  fab exec "$a" -- cat "/tmp/contention-$mode-$tag.json" >"$out/$mode.$tag.json" 2>/dev/null
+  if [ "$mode" != plain ]; then
+    fab exec "$a" -- cat /tmp/contention.json >"$out/$mode.$tag.stats.json" 2>/dev/null
+    fab exec "$a" -- cat /tmp/contention-events.jsonl >"$out/$mode.$tag.events.jsonl" 2>/dev/null
+    fab exec "$a" -- rm -f /tmp/contention.json /tmp/contention-events.jsonl
+  fi
+  return $rc
+}
+
+# round MODE: both jobs at once; writes "MB/s of A, of B, spine 1 B, spine 2 B"
+round() {
+  local mode=$1 port=$((30000 + RANDOM % 2000)) ja jb
+  fab counters --json >"$out/counters.a"
+  job "$mode" A h1 h3 $port & ja=$!
+  job "$mode" B h2 h4 $((port + 1)) & jb=$!
+  # halfway: what h1's agent's probes say of every path (source paths: the
+  # shadows' own ports), for the record
+  (sleep $((duration / 2 + 3)); fab exec h1 -- "$here/shuntctl" peers --json >"$out/$mode.peers-h1.json" 2>&1) &
+  wait $ja || { echo "shunt-bench-contention: job A ($mode) failed"; cat "$out/$mode.A.rank0.out"; return 2; }
+  wait $jb || { echo "shunt-bench-contention: job B ($mode) failed"; cat "$out/$mode.B.rank0.out"; return 2; }
+  fab counters --json >"$out/counters.b"
+  python3 - "$out" "$mode" <<'PY' >"$out/$mode.round"
+import json, sys
+out, mode = sys.argv[1:3]
+def mbs(tag):
+    rows = [l.split() for l in open(f"{out}/{mode}.{tag}.rank0.out") if l.strip() and not l.startswith("#")]
+    rows = [r for r in rows if len(r) == 9 and r[8] == "0"]
+    return float(rows[-1][0]) / float(rows[-1][5]) if rows else float("nan")  # bytes / us per iteration
+a, b = (json.load(open(f"{out}/counters.{x}"))["links"] for x in "ab")
+up = [b[l]["up_bytes"] - a[l]["up_bytes"] for l in ("l1r0-s1", "l1r0-s2")]
+print(mbs("A"), mbs("B"), up[0], up[1])
+PY
+}
+
+collided=
+for ((i = 1; i <= tries; i++)); do
+  round plain || exit 2
+  read -r a b s1 s2 <"$out/plain.round"
+  kind=apart
+  [ $((s1 * 10)) -ge $(((s1 + s2) * 9)) ] || [ $((s2 * 10)) -ge $(((s1 + s2) * 9)) ] && kind=collided
+  printf "  without libshunt, run %d: job A %.2f, job B %.2f MB/s; spine 1 %d MB, spine 2 %d MB: %s\n" \
+    "$i" "$a" "$b" $((s1 / 1000000)) $((s2 / 1000000)) $kind
+  for t in A B; do cp "$out/plain.$t.json" "$out/without-$i.$t.json" 2>/dev/null; done
+  cp "$out/plain.round" "$out/without-$i.round"
+  if [ $kind = collided ]; then collided=$i; break; fi
+done
+[ -n "$collided" ] || { echo "  (no colliding placement in $tries runs: the baseline is the last run)"; collided=$tries; }
+cp "$out/without-$collided.round" "$out/without.round"
+for t in A B; do cp "$out/without-$collided.$t.json" "$out/without.$t.json" 2>/dev/null; done
+
+for mode in $modes; do
+  round "$mode" || exit 2
+  read -r a b s1 s2 <"$out/$mode.round"
+  printf "  %s: job A %.2f, job B %.2f MB/s; spine 1 %d MB, spine 2 %d MB\n" "$mode" "$a" "$b" \
+    $((s1 / 1000000)) $((s2 / 1000000))
+done
+
+plots=()
+for m in without $modes; do for t in A B; do [ -s "$out/$m.$t.json" ] && plots+=("$out/$m.$t.json"); done; done
+"$bench" plot -o "$out/contention.png" --title "two all-to-all jobs on ${rate} Mbit/s spines" "${plots[@]}" \
+  2>"$out/plot.err" || cat "$out/plot.err"
+
+python3 - "$out" "$rate" "$duration" "$modes" <<'PY'
+import glob, json, sys
+out, rate, duration, modes = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4].split()
+# Max-min fair: both spines full each way, split evenly, so each job gets
+# one spine's rate each way; a job's MB/s counts what both its ranks sent
+# (size per iteration each way), so its fair share is twice a spine's rate.
+fair = 2 * rate / 8
+ideal = 2 * fair
+def rnd(m):
+    a, b, s1, s2 = open(f"{out}/{m}.round").read().split()
+    return float(a), float(b)
+def steering(m):
+    steps = rev = n = 0
+    for f in glob.glob(f"{out}/{m}.*.stats.json"):
+        for q in json.load(open(f))["verbs"]["qps"]:
+            b = q.get("bundle")
+            if b and b.get("paths"):
+                steps += b.get("steer_steps", 0); rev += b.get("steer_reversals", 0); n += 1
+    return (steps / n / duration, rev / n / duration) if n else (0, 0)
+base = sum(rnd("without"))
+print(f"two jobs on {rate:g} Mbit/s spines, MB/s (max-min fair: {fair:.2f} each, {ideal:.2f} together, at wire rate):")
+print(f"  {'run':<10} {'job A':>7} {'job B':>7} {'sum':>7} {'vs without':>11} {'A/fair':>7} {'B/fair':>7} {'steps/s':>8} {'reversals/s':>12}")
+for m in ["without"] + modes:
+    a, b = rnd(m)
+    st, rv = steering(m) if m != "without" else (0, 0)
+    print(f"  {m:<10} {a:7.2f} {b:7.2f} {a + b:7.2f} {(a + b) / base:10.2f}x {a / fair:7.2f} {b / fair:7.2f} {st:8.2f} {rv:12.2f}")
+for m in ("latency", "queue"):
+    if m not in modes:
+        continue
+    a, b = rnd(m)
+    print(f"  targets, {m}: sum >= 1.3x without ({(a + b) / base:.2f}x); each job within 10% of its fair share "
+          f"({a / fair:.2f}, {b / fair:.2f} of it)")
+print(f"  plot: {out}/contention.png")
+PY
