@@ -55,7 +55,7 @@ void CongestionDetector::add(int64_t now, double owd_ns) {
 }
 
 void CongestionDetector::seed_from(int64_t now, const CongestionDetector& o) {
-  if (o.s_.base_ns < 0 || s_.samples) return;
+  if (o.s_.samples < kWarmup || s_.samples) return;
   mins_[0] = o.s_.base_ns;
   starts_[0] = now;
   nb_ = 1;

@@ -28,7 +28,7 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
     const SteerPath& p = paths[i];
     if (!p.known) continue;
     const double d = p.prev_excess_ns >= 0 ? p.excess_ns - p.prev_excess_ns : 0;
-    ahead[i] = std::max(0.0, p.excess_ns + kTrend * d);
+    ahead[i] = std::max(0.0, p.excess_ns + kTrendNs / interval_ns * d);
     asum += ahead[i];
   }
   const double mean = asum / n;
@@ -41,7 +41,7 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
     SteerPath& p = paths[i];
     before[i] = p.share;
     if (p.known && std::fabs(ahead[i] - mean) > p.threshold_ns / 2) {
-      const double u = std::clamp((ahead[i] - mean) / (kTrend * interval_ns), -kMaxStep, kMaxStep);
+      const double u = std::clamp((ahead[i] - mean) / std::max({mean, p.threshold_ns, interval_ns}), -kMaxStep, kMaxStep);
       p.share *= std::exp(-g * u);
     }
     raw += p.share;

@@ -26,19 +26,22 @@ struct SteerResult {
 // known path is congested: shares stay where the last step left them (a
 // balance that keeps every queue short is kept, and an uncontended bundle
 // keeps its static split). Else each known path's queue is extrapolated
-// kTrend steps ahead from its change since the last step (the queue is the
-// integral of the path's overload: steering on the queue alone overshoots
-// and swings, its change is the overload itself), and the path's share is
-// scaled by exp(-g u), u its extrapolated queue over the bundle's mean, per
-// kTrend intervals (so a fraction of its rate), at most kMaxStep. g is
-// kSteerGain times a random factor in [0.5, 1.5], so bundles of different
-// jobs on one fabric do not all step alike and stampede onto the same free
-// path. Paths within half their threshold of the mean keep their share (no
-// dithering around a balance). Shares stay within 1/4..4 of their mean.
+// kTrendNs ahead from its change since the last step (for senders that
+// are not window-limited the queue integrates the path's overload, and
+// steering on the queue alone swings; its change is the overload itself),
+// and the path's share is scaled by exp(-g u), u its extrapolated queue
+// over the bundle's mean, relative to the larger of that mean, the path's
+// threshold and one interval (a queue worth one interval of drain is the
+// unit, so a bundle whose queues are all small does not jump), at most
+// kMaxStep. g is kSteerGain times a random factor in [0.5, 1.5], so bundles
+// of different jobs on one fabric do not all step alike and stampede onto
+// the same free path. Paths within half their threshold of the mean keep
+// their share (no dithering around a balance). Shares stay within 1/4..4
+// of their mean.
 SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::mt19937& rng);
 
-constexpr double kSteerGain = 0.4;
-constexpr double kTrend = 8;
+constexpr double kSteerGain = 0.2;
+constexpr double kTrendNs = 250e6;
 constexpr double kMaxStep = 0.3;
 
 }  // namespace shunt::verbs

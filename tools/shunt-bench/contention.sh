@@ -11,6 +11,9 @@
 #   --duration S  seconds per run (default 30)
 #   --tries N     runs without libshunt until one collides (default 4)
 #   --paths N     shadow paths per bundle (default 8)
+#   --window N    messages in flight per rank (default 8: with fewer, a
+#                 split message's tail, which waits for all its segments,
+#                 leaves the spines idle between messages)
 #   --modes M     which runs with libshunt (default "static latency queue")
 #   --out DIR     JSON, stats, events and the plot (default ./scenario-contention)
 #   --keep        leave the fabric up afterwards
@@ -18,7 +21,7 @@
 # source and destination address and UDP source port (shunt-fabric
 # --ecmp-hash sport), so the host agents' probes from each shadow's source
 # port follow that shadow's spine. Job A is h1<->h3, job B h2<->h4 (2 ranks
-# each, WRITE_WITH_IMM of 256 KiB, window 2): every byte crosses a spine.
+# each, WRITE_WITH_IMM of 256 KiB): every byte crosses a spine.
 # A run "collides" when one of leaf 1's uplinks carried >= 90% of what
 # crossed. Printed per mode: each job's MB/s, their sum, the max-min fair
 # ideal (both spines full, split evenly: each job one spine's worth each
@@ -27,17 +30,18 @@
 # Exit: 0 when every run was carried out, 2 when the fabric or a run failed,
 # 77 when no fabric can be built here.
 set -u
-rate=20 duration=30 tries=4 paths=8 modes="static latency queue" out= keep=0
+rate=20 duration=30 tries=4 paths=8 window=8 modes="static latency queue" out= keep=0
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift ;;
     --duration) duration=$2; shift ;;
     --tries) tries=$2; shift ;;
     --paths) paths=$2; shift ;;
+    --window) window=$2; shift ;;
     --modes) modes=$2; shift ;;
     --out) out=$2; shift ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "shunt-bench-contention: unknown option $1" >&2; exit 64 ;;
   esac
   shift
@@ -99,7 +103,7 @@ job() {
       SHUNT_STATS_FILE=/tmp/contention.json SHUNT_EVENT_LOG=/tmp/contention-events.jsonl) ;;
   esac
   local args=(--world 2 --bootstrap "${addr[$a]}:$port" --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K
-    --duration "$duration" -w 2 -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60 -q --timeline 500)
+    --duration "$duration" -w "$window" -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60 -q --timeline 500)
   fab exec "$b" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 1 "${args[@]}" >"$out/$mode.$tag.rank1.out" 2>&1 &
   local p=$!
   fab exec "$a" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 0 "${args[@]}" \
@@ -135,15 +139,15 @@ def mbs(tag):
     rows = [r for r in rows if len(r) == 9 and r[8] == "0"]
     return float(rows[-1][0]) / float(rows[-1][5]) if rows else float("nan")  # bytes / us per iteration
 a, b = (json.load(open(f"{out}/counters.{x}"))["links"] for x in "ab")
-up = [b[l]["up_bytes"] - a[l]["up_bytes"] for l in ("l1r0-s1", "l1r0-s2")]
-print(mbs("A"), mbs("B"), up[0], up[1])
+up = [b[l]["up_bytes"] - a[l]["up_bytes"] for l in ("l1r0-s1", "l1r0-s2", "l2r0-s1", "l2r0-s2")]
+print(mbs("A"), mbs("B"), *up)
 PY
 }
 
 collided=
 for ((i = 1; i <= tries; i++)); do
   round plain || exit 2
-  read -r a b s1 s2 <"$out/plain.round"
+  read -r a b s1 s2 r1 r2 <"$out/plain.round"
   kind=apart
   [ $((s1 * 10)) -ge $(((s1 + s2) * 9)) ] || [ $((s2 * 10)) -ge $(((s1 + s2) * 9)) ] && kind=collided
   printf "  without libshunt, run %d: job A %.2f, job B %.2f MB/s; spine 1 %d MB, spine 2 %d MB: %s\n" \
@@ -158,9 +162,9 @@ for t in A B; do cp "$out/without-$collided.$t.json" "$out/without.$t.json" 2>/d
 
 for mode in $modes; do
   round "$mode" || exit 2
-  read -r a b s1 s2 <"$out/$mode.round"
-  printf "  %s: job A %.2f, job B %.2f MB/s; spine 1 %d MB, spine 2 %d MB\n" "$mode" "$a" "$b" \
-    $((s1 / 1000000)) $((s2 / 1000000))
+  read -r a b s1 s2 r1 r2 <"$out/$mode.round"
+  printf "  %s: job A %.2f, job B %.2f MB/s; leaf 1 -> spine 1 %d MB, spine 2 %d MB; leaf 2 -> spine 1 %d MB, spine 2 %d MB\n" \
+    "$mode" "$a" "$b" $((s1 / 1000000)) $((s2 / 1000000)) $((r1 / 1000000)) $((r2 / 1000000))
 done
 
 plots=()
@@ -177,7 +181,7 @@ out, rate, duration, modes = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 fair = 2 * rate / 8
 ideal = 2 * fair
 def rnd(m):
-    a, b, s1, s2 = open(f"{out}/{m}.round").read().split()
+    a, b = open(f"{out}/{m}.round").read().split()[:2]
     return float(a), float(b)
 def steering(m):
     steps = rev = n = 0

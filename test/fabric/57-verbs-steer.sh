@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# timeout: 360
+# One slow path: h1's leaf uplink to spine s1 is limited to 6 Mbit/s (a
+# deep queue) while s2 runs free, and a split job (8 shadow paths, their
+# ports spread over both spines by the routers' source-port hash) steers by
+# the queues the host agents' probes measure on each shadow's own port
+# (SHUNT_STEER=queue). Checked, against the spine each shadow's RoCE packets
+# were seen on:
+# - `shuntctl paths` on the live job names every shadow through s1 as
+#   congested (C), with a queue over 3 times any s2 shadow's (which may
+#   queue a little once they carry more), and the first steer event comes
+#   within a few seconds of the bundle's setup;
+# - steering moved work off them: their shares end below half of the s2
+#   shadows', and a steer event names them as the paths work left;
+# - the data is whole (#wrong 0) and the job exits 0.
+. "$(dirname "$0")/lib.sh"
+need_guests
+BENCH=$B/bin/shunt-bench
+command -v nft >/dev/null || skip "no nft"
+up --hosts 2 --rails 1 --spines 2 --ecmp-hash sport
+KEY=steer-$$
+a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
+for s in s1 s2; do
+  ip netns exec "sf-$NAME-$s" nft -f - <<'EOF' || fail "nft on $s"
+table ip sportseen {
+  set roce { type ipv4_addr . inet_service; flags dynamic; }
+  chain forward {
+    type filter hook forward priority 0;
+    udp dport 4791 add @roce { ip saddr . udp sport }
+  }
+}
+EOF
+done
+fab fault rate l1r0-s1 6 --queue-ms 1000 >/dev/null || fail "rate l1r0-s1"
+
+# Each host's agent first (the first preloaded process to open a socket),
+# so its probe engine knows the peer's clear base delay before the job.
+agent() {  # HOST OWN PEER
+  fab exec "$1" -- env LD_PRELOAD="$LIB" SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$2" SHUNT_PROBE_NAME="$2" \
+    SHUNT_PEERS="$3=$3" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 \
+    python3 -c "import socket, time; s = socket.socket(); time.sleep(200)" > "$TMP/agent-$1.log" 2>&1 &
+}
+agent h1 "$a1" "$a2"
+agent h2 "$a2" "$a1"
+sleep 6
+
+rank() {  # RANK HOST
+  fab exec "$2" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536 \
+    SHUNT_STEER=queue SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8 SHUNT_PATH_DEAD_MS=8000 SHUNT_LOG_LEVEL=info \
+    SHUNT_STATS_FILE="/tmp/st$1.json" SHUNT_EVENT_LOG="/tmp/ev$1.jsonl" \
+    "$BENCH" --rank "$1" --world 2 --bootstrap "$a1:29913" --transport verbs -d rxe0 --verb write_imm \
+    -b 256K -e 256K --duration 30 -w 8 -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60 > "$TMP/rank$1.out" 2>&1
+}
+rank 1 h2 &
+r1=$!
+rank 0 h1 &
+r0=$!
+sleep 20
+fab exec h1 -- "$B/bin/shuntctl" paths --json > "$TMP/paths.json" || fail "shuntctl paths on h1"
+fab exec h1 -- "$B/bin/shuntctl" paths > "$TMP/paths.txt" 2>&1
+wait $r0 || { cat "$TMP/rank0.out"; fail "rank 0 failed"; }
+wait $r1 || { cat "$TMP/rank1.out"; fail "rank 1 failed"; }
+grep -v '^#' "$TMP/rank0.out" | awk 'NF == 9 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
+  { cat "$TMP/rank0.out"; fail "#wrong not 0"; }
+fab exec h1 -- cat /tmp/st0.json > "$TMP/st0.json"
+fab exec h1 -- cat /tmp/ev0.jsonl > "$TMP/ev0.jsonl"
+cat "$TMP/paths.txt"
+
+on_s1=$(ip netns exec "sf-$NAME-s1" nft -j list set ip sportseen roce | python3 -c '
+import json, sys
+for x in json.load(sys.stdin)["nftables"]:
+    for e in x.get("set", {}).get("elem", []):
+        a, p = e["concat"]
+        if a == sys.argv[1]: print(p)' "$a1" | sort -n | tr '\n' ' ')
+echo "h1's ports seen on s1: $on_s1"
+python3 - "$TMP/paths.json" "$TMP/st0.json" "$TMP/ev0.jsonl" "$on_s1" <<'EOF' || fail "steering"
+import json, sys
+paths, stats, events, on_s1 = sys.argv[1], sys.argv[2], sys.argv[3], {int(p) for p in sys.argv[4].split()}
+live = [p for p in json.load(open(paths))["bundle_paths"] if p["path"] != "primary" and p.get("queue")]
+b = next(q["bundle"] for q in json.load(open(stats))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
+shadows = b["paths"]
+ports = [p["udp_sport"] for p in shadows]
+slow = [p for p in ports if p in on_s1]
+fast = [p for p in ports if p not in on_s1]
+print("shadows through s1:", slow, "through s2:", fast)
+if not slow or not fast:
+    sys.exit(f"the hash put every shadow on one spine ({len(slow)} on s1): nothing to steer between")
+named = {p["udp_sport"] for p in live if p["queue"].get("congested")}
+q = {p["udp_sport"]: p["queue"]["excess_ns"] / 1e6 for p in live}
+print("named congested by shuntctl paths:", sorted(named), "queues (ms):", {p: round(v, 1) for p, v in q.items()})
+if not set(slow) <= named:
+    sys.exit(f"congested {sorted(named)}, but the slow ones are {slow}")
+# the fast spine may queue a little once it carries more: the slow paths'
+# queues must stand out of theirs
+if min(q[p] for p in slow) < 3 * max(q[p] for p in fast):
+    sys.exit("the slow paths' queues do not stand out")
+share = {p["udp_sport"]: p["share"] for p in shadows}
+s_slow = sum(share[p] for p in slow) / len(slow)
+s_fast = sum(share[p] for p in fast) / len(fast)
+print(f"mean share: slow {s_slow:.2f}, fast {s_fast:.2f}; steering steps {b['steer_steps']}, mode {b['steer']}")
+if b["steer"] != "queue" or s_slow >= 0.5 * s_fast:
+    sys.exit("steering did not move work off the slow paths")
+ev = [json.loads(l) for l in open(events)]
+setup = next(e["mono_ns"] for e in ev if e["event"] == "bundle_setup")
+steers = [e for e in ev if e["event"] == "steer"]
+if not steers:
+    sys.exit("no steer event")
+first = (steers[0]["mono_ns"] - setup) / 1e9
+print(f"first steer event {first:.1f} s after the bundle's setup: from {steers[0]['from']} to {steers[0]['to']}")
+if first > 5:
+    sys.exit("the slow paths were found late")
+if not any(int(p) in slow for e in steers for p in str(e["from"]).split(",") if p):
+    sys.exit("no steer event moved work off a slow path")
+EOF
+echo "ok: the shadows through the limited spine were named and steered off"
