@@ -11,9 +11,14 @@
 #   --duration S  seconds per run (default 30)
 #   --tries N     runs without libshunt until one collides (default 4)
 #   --paths N     shadow paths per bundle (default 8)
-#   --window N    messages in flight per rank (default 8: with fewer, a
+#   --same-hosts  both jobs on the same two hosts (h1<->h2, one per leaf),
+#                 as separate processes: half the guests, so on a small
+#                 machine the spines rather than the guests' CPUs limit
+#   --window N    messages in flight per rank (default 4: with fewer, a
 #                 split message's tail, which waits for all its segments,
-#                 leaves the spines idle between messages)
+#                 leaves the spines idle between messages; with more, the
+#                 spines' queues overflow and rxe's recovery from drops
+#                 stalls whole bundles)
 #   --modes M     which runs with libshunt (default "static latency queue")
 #   --out DIR     JSON, stats, events and the plot (default ./scenario-contention)
 #   --keep        leave the fabric up afterwards
@@ -30,7 +35,7 @@
 # Exit: 0 when every run was carried out, 2 when the fabric or a run failed,
 # 77 when no fabric can be built here.
 set -u
-rate=20 duration=30 tries=4 paths=8 window=8 modes="static latency queue" out= keep=0
+rate=20 duration=30 tries=4 paths=8 window=4 same=0 modes="static latency queue" out= keep=0
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift ;;
@@ -38,10 +43,11 @@ while [ $# -gt 0 ]; do
     --tries) tries=$2; shift ;;
     --paths) paths=$2; shift ;;
     --window) window=$2; shift ;;
+    --same-hosts) same=1 ;;
     --modes) modes=$2; shift ;;
     --out) out=$2; shift ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "shunt-bench-contention: unknown option $1" >&2; exit 64 ;;
   esac
   shift
@@ -68,24 +74,29 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "scenario contention: two 2-rank all-to-all jobs (h1<->h3, h2<->h4), spines at $rate Mbit/s, ${duration}s per run"
-fab up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2 --ecmp-hash sport >"$out/fabric.log" 2>&1 ||
+echo "scenario contention: two 2-rank all-to-all jobs ($([ $same = 1 ] && echo "both h1<->h2" || echo "h1<->h3, h2<->h4")), spines at $rate Mbit/s, ${duration}s per run"
+if [ $same = 1 ]; then
+  hosts="h1 h2" ja_hosts="h1 h2" jb_hosts="h1 h2" per_leaf=1
+else
+  hosts="h1 h2 h3 h4" ja_hosts="h1 h3" jb_hosts="h2 h4" per_leaf=2
+fi
+fab up --hosts $(wc -w <<<"$hosts") --rails 1 --spines 2 --hosts-per-leaf $per_leaf --ecmp-hash sport >"$out/fabric.log" 2>&1 ||
   { cat "$out/fabric.log"; echo "shunt-bench-contention: cannot bring up the fabric"; exit 2; }
-# Deep queues (1 s): rxe recovers badly from drops (go-back-N after a
-# timeout), so the spines queue rather than drop; ACK timeout ~1 s to match.
+# Deep queues (2 s): rxe recovers badly from drops (go-back-N after a
+# timeout), so the spines queue rather than drop; ACK timeout ~2 s to match.
 for l in 1 2; do for s in 1 2; do
-  fab fault rate "l${l}r0-s$s" "$rate" --queue-ms 1000 >/dev/null || { echo "shunt-bench-contention: rate l${l}r0-s$s"; exit 2; }
+  fab fault rate "l${l}r0-s$s" "$rate" --queue-ms 2000 >/dev/null || { echo "shunt-bench-contention: rate l${l}r0-s$s"; exit 2; }
 done; done
 key=contention-$fab_name-$RANDOM
 declare -A addr
-for h in h1 h2 h3 h4; do addr[$h]=$(fab addr $h r0); done
+for h in $hosts; do addr[$h]=$(fab addr $h r0); done
 # Each host's agent, started before the jobs: the first preloaded process
 # of a host to open a socket becomes its agent, and its probe engine learns
 # every peer's clock and clear base delay before the jobs load the spines.
 # Hosts are named by their address, as the agents name the peers of bundles.
 peer_list() { local h s=""; for h in "$@"; do s+="${addr[$h]}=${addr[$h]} "; done; echo "$s"; }
-for h in h1 h2 h3 h4; do
-  case $h in h1) p=h3 ;; h3) p=h1 ;; h2) p=h4 ;; h4) p=h2 ;; esac
+for h in $hosts; do
+  case $same:$h in 1:h1) p=h2 ;; 1:h2) p=h1 ;; 0:h1) p=h3 ;; 0:h3) p=h1 ;; 0:h2) p=h4 ;; 0:h4) p=h2 ;; esac
   fab exec $h -- env LD_PRELOAD="$shim" SHUNT_JOB_KEY="$key" SHUNT_PROBE_ADDRS="${addr[$h]}" SHUNT_PROBE_NAME="${addr[$h]}" \
     SHUNT_PEERS="$(peer_list $p)" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 SHUNT_LOG_LEVEL=info \
     python3 -c "import socket, time; s = socket.socket(); time.sleep($((6 * duration + 600)))" >"$out/agent-$h.log" 2>&1 &
@@ -100,10 +111,10 @@ job() {
     static|latency|queue) env=(env LD_PRELOAD="$shim" SHUNT_MODE=active SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536
       SHUNT_JOB_KEY="$key" SHUNT_PATHS_PER_RAIL="$paths" SHUNT_PATH_DEAD_MS=8000
       SHUNT_STEER=$([ $mode = static ] && echo off || echo $mode) SHUNT_LOG_LEVEL=info
-      SHUNT_STATS_FILE=/tmp/contention.json SHUNT_EVENT_LOG=/tmp/contention-events.jsonl) ;;
+      SHUNT_STATS_FILE=/tmp/contention-$tag.json SHUNT_EVENT_LOG=/tmp/contention-events-$tag.jsonl) ;;
   esac
   local args=(--world 2 --bootstrap "${addr[$a]}:$port" --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K
-    --duration "$duration" -w "$window" -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60 -q --timeline 500)
+    --duration "$duration" -w "$window" -c 1 --seg 256K --qp-timeout 19 --stall-timeout 60 -q --timeline 500)
   fab exec "$b" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 1 "${args[@]}" >"$out/$mode.$tag.rank1.out" 2>&1 &
   local p=$!
   fab exec "$a" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 0 "${args[@]}" \
@@ -112,9 +123,12 @@ job() {
   wait $p || rc=1
   fab exec "$a" -- cat "/tmp/contention-$mode-$tag.json" >"$out/$mode.$tag.json" 2>/dev/null
   if [ "$mode" != plain ]; then
-    fab exec "$a" -- cat /tmp/contention.json >"$out/$mode.$tag.stats.json" 2>/dev/null
-    fab exec "$a" -- cat /tmp/contention-events.jsonl >"$out/$mode.$tag.events.jsonl" 2>/dev/null
-    fab exec "$a" -- rm -f /tmp/contention.json /tmp/contention-events.jsonl
+    fab exec "$a" -- cat "/tmp/contention-$tag.json" >"$out/$mode.$tag.stats.json" 2>/dev/null
+    fab exec "$a" -- cat "/tmp/contention-events-$tag.jsonl" >"$out/$mode.$tag.events.jsonl" 2>/dev/null
+    fab exec "$b" -- cat "/tmp/contention-$tag.json" >"$out/$mode.$tag.stats1.json" 2>/dev/null
+    fab exec "$b" -- cat "/tmp/contention-events-$tag.jsonl" >"$out/$mode.$tag.events1.jsonl" 2>/dev/null
+    fab exec "$a" -- rm -f "/tmp/contention-$tag.json" "/tmp/contention-events-$tag.jsonl"
+    fab exec "$b" -- rm -f "/tmp/contention-$tag.json" "/tmp/contention-events-$tag.jsonl"
   fi
   return $rc
 }
@@ -123,8 +137,8 @@ job() {
 round() {
   local mode=$1 port=$((30000 + RANDOM % 2000)) ja jb
   fab counters --json >"$out/counters.a"
-  job "$mode" A h1 h3 $port & ja=$!
-  job "$mode" B h2 h4 $((port + 1)) & jb=$!
+  job "$mode" A $ja_hosts $port & ja=$!
+  job "$mode" B $jb_hosts $((port + 1)) & jb=$!
   # halfway: what h1's agent's probes say of every path (source paths: the
   # shadows' own ports), for the record
   (sleep $((duration / 2 + 3)); fab exec h1 -- "$here/shuntctl" peers --json >"$out/$mode.peers-h1.json" 2>&1) &
@@ -185,7 +199,7 @@ def rnd(m):
     return float(a), float(b)
 def steering(m):
     steps = rev = n = 0
-    for f in glob.glob(f"{out}/{m}.*.stats.json"):
+    for f in glob.glob(f"{out}/{m}.*.stats*.json"):
         for q in json.load(open(f))["verbs"]["qps"]:
             b = q.get("bundle")
             if b and b.get("paths"):
