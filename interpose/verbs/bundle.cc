@@ -268,8 +268,9 @@ struct Bundle {
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   bool split = false;
   uint64_t split_min = 0;
-  // Steering (SHUNT_STEER): by the probes' forward queues while they know at
-  // least two of the split's paths (owd), else by segment latency.
+  // Steering (SHUNT_STEER): with queue, by the probes' forward queues while
+  // they know at least two of the split's paths (steer_owd), else (and with
+  // latency) by segment latency; off: static shares.
   bool steer = false, steer_queue = false, steer_owd = false;
   std::mt19937 rng{std::random_device{}()};
   uint64_t steer_steps = 0, steer_reversals = 0;
@@ -2280,7 +2281,6 @@ void run_worker(Bundle* b) {
     if (gave_up) return;
     refresh_rkeys(b);
     poll_overdue_probes(b);
-
     if (down != seen_down) {  // a new failure: are the others behind the same fault?
       bool more = false;
       for (int i : down) more |= std::find(seen_down.begin(), seen_down.end(), i) == seen_down.end();
