@@ -15,19 +15,7 @@ command -v nft >/dev/null || skip "no nft"
 up --hosts 2 --rails 1 --spines 2 --ecmp-hash sport
 KEY=probes-$$
 a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
-for s in s1 s2; do
-  ip netns exec "sf-$NAME-$s" nft -f - <<'EOF' || fail "nft on $s"
-table ip sportseen {
-  set roce { type ipv4_addr . inet_service; flags dynamic; }
-  set probe { type ipv4_addr . inet_service; flags dynamic; }
-  chain forward {
-    type filter hook forward priority 0;
-    udp dport 4791 add @roce { ip saddr . udp sport }
-    udp dport 7471 add @probe { ip saddr . udp sport }
-  }
-}
-EOF
-done
+sport_watch
 
 # rank R on host H (address A)
 rank() {
@@ -64,16 +52,8 @@ for h in h1 h2; do
   for p in $sports; do echo "$a:$p" >> "$TMP/all-sports"; done
 done
 
-seen() {  # SPINE SET -> the ADDR:PORT pairs in that set
-  ip netns exec "sf-$NAME-$1" nft -j list set ip sportseen "$2" | python3 -c '
-import json, sys
-for x in json.load(sys.stdin)["nftables"]:
-    for e in x.get("set", {}).get("elem", []):
-        a, p = e["concat"]
-        print("%s:%s" % (a, p), end=" ")'
-}
 declare -A roce probe
-for s in s1 s2; do roce[$s]=" $(seen $s roce) "; probe[$s]=" $(seen $s probe) "; done
+for s in s1 s2; do roce[$s]=" $(sport_seen $s roce) "; probe[$s]=" $(sport_seen $s probe) "; done
 checked=0
 for p in $(cat "$TMP/all-sports"); do
   where_roce="" where_probe=""

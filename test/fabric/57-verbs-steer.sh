@@ -20,17 +20,7 @@ command -v nft >/dev/null || skip "no nft"
 up --hosts 2 --rails 1 --spines 2 --ecmp-hash sport
 KEY=steer-$$
 a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
-for s in s1 s2; do
-  ip netns exec "sf-$NAME-$s" nft -f - <<'EOF' || fail "nft on $s"
-table ip sportseen {
-  set roce { type ipv4_addr . inet_service; flags dynamic; }
-  chain forward {
-    type filter hook forward priority 0;
-    udp dport 4791 add @roce { ip saddr . udp sport }
-  }
-}
-EOF
-done
+sport_watch
 fab fault rate l1r0-s1 6 --queue-ms 1000 >/dev/null || fail "rate l1r0-s1"
 
 # Each host's agent first (the first preloaded process to open a socket),
@@ -66,12 +56,7 @@ fab exec h1 -- cat /tmp/st0.json > "$TMP/st0.json"
 fab exec h1 -- cat /tmp/ev0.jsonl > "$TMP/ev0.jsonl"
 cat "$TMP/paths.txt"
 
-on_s1=$(ip netns exec "sf-$NAME-s1" nft -j list set ip sportseen roce | python3 -c '
-import json, sys
-for x in json.load(sys.stdin)["nftables"]:
-    for e in x.get("set", {}).get("elem", []):
-        a, p = e["concat"]
-        if a == sys.argv[1]: print(p)' "$a1" | sort -n | tr '\n' ' ')
+on_s1=$(sport_seen s1 roce | tr ' ' '\n' | sed -n "s/^$a1://p" | sort -n | tr '\n' ' ')
 echo "h1's ports seen on s1: $on_s1"
 python3 - "$TMP/paths.json" "$TMP/st0.json" "$TMP/ev0.jsonl" "$on_s1" <<'EOF' || fail "steering"
 import json, sys

@@ -106,3 +106,33 @@ for x in json.load(sys.stdin)["nftables"]:
     for e in x.get("set", {}).get("elem", []):
         print(e if isinstance(e, int) else e.get("elem", {}).get("val", e))'
 }
+
+# sport_watch: on both spines, an nft table that records the (source
+# address, UDP source port) of the RoCEv2 packets (set roce) and the probes
+# (set probe) each forwards, to tell which spine a port's traffic took.
+sport_watch() {
+  local s
+  for s in s1 s2; do
+    ip netns exec "sf-$NAME-$s" nft -f - <<'EOF' || fail "nft on $s"
+table ip sportseen {
+  set roce { type ipv4_addr . inet_service; flags dynamic; }
+  set probe { type ipv4_addr . inet_service; flags dynamic; }
+  chain forward {
+    type filter hook forward priority 0;
+    udp dport 4791 add @roce { ip saddr . udp sport }
+    udp dport 7471 add @probe { ip saddr . udp sport }
+  }
+}
+EOF
+  done
+}
+
+# sport_seen SPINE SET -> the ADDR:PORT pairs sport_watch saw there
+sport_seen() {
+  ip netns exec "sf-$NAME-$1" nft -j list set ip sportseen "$2" | python3 -c '
+import json, sys
+for x in json.load(sys.stdin)["nftables"]:
+    for e in x.get("set", {}).get("elem", []):
+        a, p = e["concat"]
+        print("%s:%s" % (a, p), end=" ")'
+}
