@@ -18,10 +18,10 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
     remember();
     return r;
   }
-  // Each path's queue as it will be kTrend steps ahead if it keeps
-  // changing as it did since the last step: the queue is the integral of
-  // the path's overload, so steering on the queue alone overshoots and
-  // swings; its change is the overload itself.
+  // Each path's queue as it will be kTrendNs ahead if it keeps changing as
+  // it did since the last step: for senders that are not window-limited the
+  // queue is the integral of the path's overload, so steering on the queue
+  // alone overshoots and swings; its change is the overload itself.
   std::vector<double> ahead(paths.size(), 0);
   double asum = 0;
   for (size_t i = 0; i < paths.size(); i++) {
@@ -32,8 +32,8 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
     asum += ahead[i];
   }
   const double mean = asum / n;
-  // A path's overload relative to the bundle's, as a fraction of its rate:
-  // the queue grows by (overload x interval) per step.
+  // u: a path's extrapolated queue over the bundle's mean, relative to the
+  // larger of that mean, its threshold and one interval (steer.h).
   const double g = kSteerGain * std::uniform_real_distribution<double>(0.5, 1.5)(rng);
   std::vector<double> before(paths.size());
   double raw = 0;
