@@ -14,14 +14,21 @@ case $BIN in /*) ;; *) BIN=$ROOT/$BIN ;; esac
 [ -x "$BIN/shunt-bench" ] && [ -x "$BIN/shunt-bench-scenario" ] || skip "shunt-bench not built"
 [ -f "$ROOT/${BUILD:-build}/lib/libshunt.so" ] || skip "libshunt.so not built"
 before=$(ip netns list | grep -c '^sf-sc' || true)
-"$BIN/shunt-bench" scenario blackhole --link l1r0-s1 --duration 14 --fault-at 4 --fault-for 3 --stall 20 --out "$TMP/sc" \
-  >"$TMP/out" 2>&1
-rc=$?
-cat "$TMP/out"
-[ $rc = 0 ] || fail "scenario exited $rc"
+# scenario OUT ARGS...: one scenario run, its output shown and kept in
+# $TMP/OUT.out, its files in $TMP/OUT; it must exit 0 and take its fabric down
+scenario() {
+  local out=$1 rc
+  shift
+  "$BIN/shunt-bench" scenario "$@" --out "$TMP/$out" >"$TMP/$out.out" 2>&1
+  rc=$?
+  cat "$TMP/$out.out"
+  [ $rc = 0 ] || fail "scenario $* exited $rc"
+  [ "$(ip netns list | grep -c '^sf-sc' || true)" = "$before" ] || fail "scenario $* left its fabric behind"
+}
+scenario sc blackhole --link l1r0-s1 --duration 14 --fault-at 4 --fault-for 3 --stall 20
 for row in "exit status" "errors seen by the app" "bytes wrong" "GB/s before the fault" "GB/s during the fault" \
   "GB/s after healing" "time to recover" "longest zero-throughput"; do
-  grep -q "^$row " "$TMP/out" || fail "row '$row' missing"
+  grep -q "^$row " "$TMP/sc.out" || fail "row '$row' missing"
 done
 head -c 8 "$TMP/sc/blackhole.png" | od -An -c | grep -q 'P   N   G' || fail "no plot"
 python3 - "$TMP/sc" <<'PY' || fail "scenario results"
@@ -41,7 +48,6 @@ for mode in ("without", "with"):
 s = json.load(open(f"{d}/summary.json"))
 assert s["scenario"] == "blackhole" and "time to recover" in s["with"]
 PY
-[ "$(ip netns list | grep -c '^sf-sc' || true)" = "$before" ] || fail "scenario left its fabric behind"
 
 # An unchanged perftest client (--client ib_write_bw, rdma_cm) while h1's
 # rail-0 link goes dark for 8 s: without libshunt it stalls until the link
@@ -50,11 +56,7 @@ PY
 # cleanly, having seen no error. (Lost for good, the run without fails and
 # the one with carries on, but its rdma_cm disconnect then waits out the
 # connection manager's own retries over the dead link: bench/failover.sh.)
-"$BIN/shunt-bench" scenario link-down --client ib_write_bw --size 64K --duration 20 --fault-at 5 --fault-for 8 \
-  --stall 10 --out "$TMP/wbw" >"$TMP/wbw.out" 2>&1
-rc=$?
-cat "$TMP/wbw.out"
-[ $rc = 0 ] || fail "scenario --client ib_write_bw exited $rc"
+scenario wbw link-down --client ib_write_bw --size 64K --duration 20 --fault-at 5 --fault-for 8 --stall 10
 python3 - "$TMP/wbw" <<'PY' || fail "ib_write_bw scenario results"
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))
@@ -70,11 +72,7 @@ PY
 # hangs on both; with it, the verbs traffic moves to the other rail and the
 # TCP connection, opened as MPTCP with a subflow on every rail
 # (SHUNT_SOCKET_RAILS=auto), goes on over rail 1: every round trip is made.
-"$BIN/shunt-bench" scenario link-down --client fi_pingpong --duration 10 --fault-at 3 --fault-for 0 --stall 5 \
-  --out "$TMP/fi" >"$TMP/fi.out" 2>&1
-rc=$?
-cat "$TMP/fi.out"
-[ $rc = 0 ] || fail "scenario --client fi_pingpong exited $rc"
+scenario fi link-down --client fi_pingpong --duration 10 --fault-at 3 --fault-for 0 --stall 5
 python3 - "$TMP/fi" <<'PY' || fail "fi_pingpong scenario results"
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))
@@ -84,5 +82,4 @@ assert w["exit status"] == "0" and w["errors seen by the app"] == "0", w
 assert w["result"].startswith("4k round trips"), w["result"]
 assert w["path down after"] != "-", w
 PY
-[ "$(ip netns list | grep -c '^sf-sc' || true)" = "$before" ] || fail "scenario left its fabric behind"
 echo ok
