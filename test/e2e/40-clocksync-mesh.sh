@@ -6,7 +6,10 @@
 # wander and occasional steps (60 us every 9 s on host 3, -40 us every 7 s on
 # host 2); every host's estimate of every peer must be within its
 # error bound of the truth. Halfway, host 4's rail 1 goes down: every other
-# host must declare that path dead within 3 probe intervals.
+# host must declare that path dead within 3 probe intervals. An estimate is
+# invalid for a moment while a suspected step awaits confirmation: the check
+# takes the newest valid one of the last second where the final snapshot is
+# invalid, and fails any pair valid less than 80% of the time.
 set -u
 cd "$(dirname "$0")/../.."
 . test/e2e/clocksync_lib.bash
