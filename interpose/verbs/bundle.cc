@@ -274,6 +274,10 @@ struct Bundle {
   bool steer = false, steer_queue = false, steer_owd = false;
   std::mt19937 rng{std::random_device{}()};
   uint64_t steer_steps = 0, steer_reversals = 0;
+  // Stall watch: every usable path stalled at its last look (none failed
+  // for it), and how many times that began.
+  bool all_stalled = false;
+  uint64_t all_stalled_count = 0;
   int64_t last_steer_ns = 0, last_steer_event_ms = 0;
   std::deque<SplitGroup> groups;  // splits whose tails wait, oldest first
   uint64_t group_ids = 0;
@@ -1929,6 +1933,15 @@ void event_down(Bundle* b, const After& a) {
   }
 }
 
+void event_all_stalled(Bundle* b, size_t n) {
+  log::warn("{} QP {}: every usable path ({}) stalled at once while the device retransmitted: congestion, or a "
+            "route they all share; none is failed for it (the device keeps retrying their work)",
+            b->ctx->device, b->pqp->qp_num, n);
+  telemetry::event("all_stalled", {{"device", static_cast<const char*>(b->ctx->device)},
+                                   {"qpn", b->pqp->qp_num},
+                                   {"paths", n}});
+}
+
 void event_moved(Bundle* b, int from, int to, const json& info) {
   log::warn("{} QP {}: two-sided work moved from {} to path {}: {} WRs replayed, {} completions owed", b->ctx->device,
             b->pqp->qp_num, from == kPrimary ? std::string("the application's QP") : "path " + std::to_string(from),
@@ -2385,25 +2398,39 @@ std::vector<Bundle*> all_bundles() {
 // The paths of b whose work has not progressed since `stall_ms` ago, with
 // a retransmission on the port since they last progressed. Under b->lk.
 // retx_ms(rail): when the port of that rail of b last retransmitted.
+// *others: whether some usable path is not among them (idle, or
+// progressing), so that failing them leaves the bundle somewhere to go.
 using RetxFn = std::function<int64_t(int)>;
-std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
+std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
+                               bool* others = nullptr) {
   std::vector<int> out;
+  bool other = false;
   auto look = [&](Path& p, int pi) {
     if (p.down || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
       p.watch_done = p.done;
       p.watch_ms = now;
+      other |= !p.probation;
       return;
     }
     if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) out.push_back(pi);
+    else other |= !p.probation;
   };
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
+  if (others) *others = other;
   return out;
 }
 
 // Fails the paths that stalled; a drain first takes in what the
 // application has not polled yet (a rank busy elsewhere is no dead route).
+// Unless every usable path stalled at once: queues that hold packets for
+// seconds (and the drops and retransmissions that come with them) stall
+// every path of a bundle alike, and a dead route that all of them share
+// leaves nowhere to go; failing them all would only hold the work and cut
+// the bundle off from its peer. The QPs keep their work then (the device
+// retries it; a QP whose retries run out fails by its error completion),
+// and the watch fails them once one path shows that a route works.
 // Returns how many failed. Under b->mu (so the bundle's QPs live).
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
@@ -2412,11 +2439,23 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
   }
   drain(b);
   After a;
+  size_t stalled = 0;
+  bool first = false;
   {
     std::lock_guard l(b->lk);
-    for (int pi : stalled_paths(b, now, stall_ms, retx_ms)) path_failed(b, pi, kStalled, &a);
-    flush_held(b, b->ctx);
+    bool others = false;
+    std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, &others);
+    stalled = s.size();
+    if (others) {
+      for (int pi : s) path_failed(b, pi, kStalled, &a);
+      flush_held(b, b->ctx);
+    }
+    bool all = !others && stalled;
+    first = all && !b->all_stalled;
+    if (first) b->all_stalled_count++;
+    b->all_stalled = all;
   }
+  if (first) event_all_stalled(b, stalled);
   if (a.down.empty()) return 0;
   event_down(b, a);
   wake_worker(b);
@@ -2989,6 +3028,7 @@ json bundle_json(const QpRecord& r) {
           {"steer", !b->split ? "-" : !b->steer ? "off" : b->steer_owd ? "queue" : "latency"},
           {"steer_steps", b->steer_steps},
           {"steer_reversals", b->steer_reversals},
+          {"all_stalled", b->all_stalled_count},
           {"held", b->held_total},
           {"to_primary", b->to_primary},
           {"carrier", b->carrier},

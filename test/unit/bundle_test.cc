@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "interpose/verbs/bundle.h"
@@ -427,6 +428,35 @@ TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].wr_id, 1u);
   EXPECT_EQ(wc[0].qp_num, 500u);
+}
+
+// Every usable path stalled at once (queues that hold packets for seconds,
+// or a route they all share): failing them would leave nowhere to go, so
+// none fails; once one path completes again, the ones still stuck fail and
+// their work goes there.
+TEST(Bundle, PathsThatAllStallAtOnceAreKeptUntilOneProgresses) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[256 * 1024];
+  // A small WRITE on the application's QP, a split one over the three shadows.
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf, 1024), 0);
+  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, 2, buf, sizeof buf, 0x100000), 0);
+  std::set<uint32_t> used;
+  for (auto& p : g_posted) used.insert(p.qpn);
+  ASSERT_EQ(used.size(), 4u);  // every path carries work
+  std::vector<Posted> first = g_posted;
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 0);  // all four stalled: kept
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5000, 2000, 4900), 0);
+  EXPECT_TRUE(g_posted.empty());
+  EXPECT_EQ(bundle_json(*r.rec)["all_stalled"], 1);  // one such time, however long
+  // One shadow completes its segment: a route works, the other three paths fail.
+  uint32_t good = first.back().qpn;
+  ASSERT_NE(good, 500u);
+  complete(good, 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5500, 2000, 5400), 3);
+  EXPECT_TRUE(r.poll().empty());  // nothing of it reaches the application yet
 }
 
 // A completion the application has not polled yet is progress: the watch
