@@ -109,7 +109,7 @@ job() {
   local mode=$1 tag=$2 a=$3 b=$4 port=$5 env=(env)
   case $mode in
     static|latency|queue) env=(env LD_PRELOAD="$shim" SHUNT_MODE=active SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536
-      SHUNT_JOB_KEY="$key" SHUNT_PATHS_PER_RAIL="$paths" SHUNT_PATH_DEAD_MS=8000 SHUNT_STALL_MS=8000
+      SHUNT_JOB_KEY="$key" SHUNT_PATHS_PER_RAIL="$paths" SHUNT_PATH_DEAD_MS=8000
       SHUNT_STEER=$([ $mode = static ] && echo off || echo $mode) SHUNT_LOG_LEVEL=info
       SHUNT_STATS_FILE=/tmp/contention-$tag.json SHUNT_EVENT_LOG=/tmp/contention-events-$tag.jsonl) ;;
   esac
