@@ -42,6 +42,8 @@
 #                 (default 6 and 14: rxe treats 7 retries as "forever")
 #   --out DIR     keep JSON, timelines, marks and the plot here (default ./scenario-NAME)
 #   --keep        leave the fabric up afterwards (shunt-fabric --name NAME down)
+# Environment: libshunt's SHUNT_* settings (not SHUNT_FABRIC_*) go to the
+# run with libshunt, e.g. SHUNT_STALL_MS=1000 shunt-bench scenario ...
 # Exit: 0 when both runs were carried out (whatever they measured), 2 when
 # the fabric or the harness failed, 77 when no fabric can be built here.
 set -u
@@ -51,7 +53,13 @@ if [ "$name" = contention ]; then
   exec "$(dirname "$0")/shunt-bench-contention" "$@"
 fi
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
-  *) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+  *) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+# libshunt's settings in the caller's environment (SHUNT_*, not the
+# fabric's own SHUNT_FABRIC_*) go to the run with libshunt in the guests
+passed=()
+while IFS= read -r v; do
+  case $v in SHUNT_FABRIC_*) ;; SHUNT_*) passed+=("$v=${!v}") ;; esac
+done < <(compgen -e)
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
 client=alltoall pings=4000
 link=h1-r0 spine=s1 flap_ms=1000
@@ -178,7 +186,7 @@ fault_clock() {  # MODE OFFSET
 # run_tool MODE: an unchanged verbs program, server on h2, client on h1
 run_tool() {
   local mode=$1 env=(env) off srv cli
-  [ "$mode" = with ] && env=(env "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
+  [ "$mode" = with ] && env=(env "${passed[@]}" "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
     "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl" "SHUNT_SOCKET_RAILS=auto")
   off=$(clock_offset)
   : >"$out/$mode.marks"
@@ -219,7 +227,7 @@ run_one() {
   # makes one per job)
   # (set for the benchmark itself: `timeout` preloaded would write the
   # stats file too, at its own exit, after the benchmark's)
-  [ "$mode" = with ] && env=(env "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
+  [ "$mode" = with ] && env=(env "${passed[@]}" "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
     "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl")
   local marks=$out/$mode.marks off
   off=$(clock_offset)
