@@ -2574,12 +2574,12 @@ void read_events(EventSource& e) {
 }
 
 // The watch thread: port events as they come, and a look for stalls every
-// SHUNT_STALL_MS/4.
+// SHUNT_STALL_MS/8.
 void run_stall_watch() {
   ReentryGuard guard;
   pthread_setname_np(pthread_self(), "shunt-watch");
   const int64_t stall_ms = config().num(Param::stall_ms);
-  const int64_t tick = stall_ms ? std::clamp<int64_t>(stall_ms / 4, 50, 1000) : 1000;
+  const int64_t tick = stall_ms ? std::clamp<int64_t>(stall_ms / 8, 50, 1000) : 1000;
   RetransmitWatch retx;
   std::vector<EventSource> srcs;
   int64_t next_look = mono_ms() + tick;
@@ -2613,13 +2613,31 @@ void run_stall_watch() {
     next_look = mono_ms() + tick;
     std::vector<Bundle*> all = all_bundles();
     int64_t now = mono_ms();
+    // Every port with a bundle is read at every look, not only once a
+    // stall is long enough: a rise is then dated to within a look, and a
+    // stall is judged as soon as it lasted SHUNT_STALL_MS (a first read at
+    // that moment would only set a baseline, and the decision waited for
+    // the next retransmission after it).
+    std::map<std::string, int64_t> rose;
+    auto rise = [&](const std::string& dev, int port) {
+      std::string key = dev + "/" + std::to_string(port);
+      auto it = rose.find(key);
+      if (it == rose.end()) it = rose.emplace(key, retx.last_rise_ms(dev, port, now)).first;
+      return it->second;
+    };
     for (Bundle* b : all) {
       std::lock_guard m(b->mu);
       if (b->dead || !b->active.load()) continue;
       check_stalls(b, now, stall_ms, [&](int k) {
-        if (k <= 0 || k >= static_cast<int>(b->rails.size())) return retx.last_rise_ms(b->ctx->device, b->port, now);
-        return retx.last_rise_ms(b->rails[k].device, b->rails[k].port, now);
+        if (k <= 0 || k >= static_cast<int>(b->rails.size())) return rise(b->ctx->device, b->port);
+        return rise(b->rails[k].device, b->rails[k].port);
       });
+    }
+    for (Bundle* b : all) {  // the ports check_stalls did not ask about
+      std::lock_guard m(b->mu);
+      if (b->dead || !b->active.load()) continue;
+      rise(b->ctx->device, b->port);
+      for (size_t k = 1; k < b->rails.size(); k++) rise(b->rails[k].device, b->rails[k].port);
     }
   }
 }
