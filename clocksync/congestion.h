@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 
 namespace shunt::clocksync {
 
@@ -43,14 +44,23 @@ class CongestionDetector {
   // whose probes start while the job already loads it. Its own lower levels
   // still lower the base; nothing if `o` has no verdict yet.
   void seed_from(int64_t now, const CongestionDetector& o);
+  // Re-expresses every delay it holds as the delay less by(t), t when that
+  // delay was measured: raw delays (the peer's clock offset in them) once
+  // the clock model exists, with the offset it gives at each one's time.
+  // Base, level and verdict carry on; nothing is learned anew.
+  void rebase(const std::function<double(int64_t)>& by);
 
  private:
   int64_t bucket_ns_;
+  double median_level();
+  void judge();
   std::array<double, kLevel> last_{};
+  std::array<int64_t, kLevel> last_at_{};
   int nlast_ = 0, hlast_ = 0;
   // Minimum of the level per time bucket (the newest at head_).
   std::array<double, kBuckets> mins_{};
   std::array<int64_t, kBuckets> starts_{};
+  std::array<int64_t, kBuckets> min_at_{};  // when each bucket's minimum was measured
   int nb_ = 0, hb_ = 0;
   CongestionState s_;
 };

@@ -770,11 +770,12 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
     // The queue detector takes every pair, queued ones above all (the pair
     // filter keeps those that met no queue): the lesser of its two delays,
     // against the clock model once it exists, else raw (the offset is
-    // constant enough over the detector's memory; PathView restarts the
-    // detector when the model appears).
+    // constant enough over seconds; PathView rebases the detector on the
+    // model when it appears).
     if (f.rx0 && f.rx1) {
       const double raw = double(std::min(f.rx0 - t.tx[0], f.rx1 - t.tx[1]));
-      ps.view.add_queue_sample(rx, m.valid ? raw - m.offset_at(t.tx[0]) : raw, m.valid);
+      const std::function<double(int64_t)> offset = [&m](int64_t at) { return m.offset_at(at); };
+      ps.view.add_queue_sample(rx, raw, m.valid ? &offset : nullptr);
     }
   }
   return true;

@@ -43,12 +43,13 @@ void PathView::add_delay(int64_t now, bool forward, double owd_ns) {
     push(rev_, nr_, hr_, Delay{now, float(owd_ns)});
 }
 
-void PathView::add_queue_sample(int64_t now, double owd_ns, bool on_model) {
-  if (on_model && !queue_on_model_) {  // raw until the model exists, then on it for good
-    fwd_queue_ = CongestionDetector();
+void PathView::add_queue_sample(int64_t now, double raw_ns, const std::function<double(int64_t)>* offset) {
+  if (offset && !queue_on_model_) {  // raw until the model exists, then on it for good
+    fwd_queue_.rebase(*offset);
     queue_on_model_ = true;
   }
-  if (on_model == queue_on_model_) fwd_queue_.add(now, owd_ns);  // a model lost for a while: no samples
+  if (!offset && queue_on_model_) return;  // a model lost for a while: no samples
+  fwd_queue_.add(now, offset ? raw_ns - (*offset)(now) : raw_ns);
 }
 
 bool PathView::update_liveness(int64_t now, int64_t dead_ns) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 
 #include "clocksync/congestion.h"
 
@@ -33,11 +34,14 @@ class PathView {
   // The peer's cumulative count of our probes and the newest pair it saw.
   void on_feedback(int64_t now, uint32_t rx_count, uint64_t pair_seq);
   void add_delay(int64_t now, bool forward, double owd_ns);
-  // A forward delay for the queue detector, from any pair (queued or not);
-  // `on_model`: corrected by the clock model, else raw (receiver's clock
-  // minus sender's). The detector restarts once, when the model appears;
+  // A forward delay for the queue detector, from any pair (queued or not),
+  // raw (receiver's clock minus sender's), and the peer's clock offset at a
+  // given local time where the clock model exists (else null). Raw delays
+  // are taken until the model appears; then the detector's delays are
+  // rebased on it, once, with its offset at each one's time (the base
+  // learned so far, a seed from the rail path among it, carries over), and
   // raw samples after that (the model lost for a while) are not taken.
-  void add_queue_sample(int64_t now, double owd_ns, bool on_model);
+  void add_queue_sample(int64_t now, double raw_ns, const std::function<double(int64_t)>* offset);
   // Re-evaluates liveness; returns true when it changed.
   bool update_liveness(int64_t now, int64_t dead_ns);
   // When an alive path turns dead unless proof of life arrives first

@@ -1,6 +1,8 @@
 // Test clock, pair filter, clock publication and path view.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -237,16 +239,41 @@ TEST(ClocksyncPathView, ForwardDelaysFeedTheQueueState) {
   PathView v;
   const int64_t ms = 1'000'000;
   // Raw samples (no clock model yet: a 5 ms offset in them), then the
-  // model appears and the detector starts over on corrected ones.
-  for (int i = 0; i < 30; i++) v.add_queue_sample(i * 100 * ms, 5'020'000, false);
+  // model appears: the detector carries on, its delays rebased on it.
+  for (int i = 0; i < 30; i++) v.add_queue_sample(i * 100 * ms, 5'020'000, nullptr);
   EXPECT_EQ(v.stats(30 * 100 * ms).fwd_queue.samples, 30u);
-  for (int i = 30; i < 60; i++) v.add_queue_sample(i * 100 * ms, 20'000, true);
-  for (int i = 60; i < 70; i++) v.add_queue_sample(i * 100 * ms, 220'000, true);
+  EXPECT_NEAR(v.stats(30 * 100 * ms).fwd_queue.base_ns, 5'020'000, 1);
+  const std::function<double(int64_t)> off = [](int64_t) { return 5'000'000.0; };
+  for (int i = 30; i < 60; i++) v.add_queue_sample(i * 100 * ms, 5'020'000, &off);
+  EXPECT_NEAR(v.stats(60 * 100 * ms).fwd_queue.base_ns, 20'000, 1);
+  v.add_queue_sample(60 * 100 * ms, 9'000'000, nullptr);  // the model lost a while: not taken
+  for (int i = 61; i < 70; i++) v.add_queue_sample(i * 100 * ms, 5'220'000, &off);
   for (int i = 0; i < 70; i++) v.add_delay(i * 100 * ms, true, 20'000);  // the pair-filtered delays: not this state
   PathStats s = v.stats(70 * 100 * ms);
   EXPECT_TRUE(s.fwd_queue.congested);
   EXPECT_NEAR(s.fwd_queue.excess_ns, 200'000, 1);
-  EXPECT_EQ(s.fwd_queue.samples, 40u);
+  EXPECT_EQ(s.fwd_queue.samples, 69u);
+}
+
+// A source path seeded from its rail path while the job already queues on
+// it keeps what the seed told it when the clock model appears: its delays
+// are rebased on the model (with the drift, each at its own time), not
+// learned anew from the queue.
+TEST(ClocksyncCongestion, RebasedOnTheClockModelKeepsTheSeededBase) {
+  const int64_t ms = 1'000'000;
+  auto off = [](int64_t t) { return 3'000'000.0 + 80e-6 * double(t); };  // 80 ppm drift
+  CongestionDetector rail, seeded;
+  for (int i = 0; i < 40; i++) rail.add(i * 100 * ms, 60'000 + (i % 2) * 1'000 + off(i * 100 * ms));
+  seeded.seed_from(4000 * ms, rail);
+  for (int i = 40; i < 100; i++) seeded.add(i * 100 * ms, 1'060'000 + off(i * 100 * ms));  // a 1 ms queue
+  ASSERT_TRUE(seeded.state().congested);
+  seeded.rebase(off);
+  EXPECT_TRUE(seeded.state().congested);
+  EXPECT_NEAR(seeded.state().base_ns, 60'000, 100);
+  EXPECT_NEAR(seeded.state().level_ns, 1'060'000, 100);
+  for (int i = 100; i < 110; i++) seeded.add(i * 100 * ms, 61'000);  // on the model now: the queue drains
+  EXPECT_FALSE(seeded.state().congested);
+  EXPECT_NEAR(seeded.state().excess_ns, 1'000, 100);
 }
 
 TEST(ClocksyncPeers, ParsesPeerLists) {
