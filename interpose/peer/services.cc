@@ -1,4 +1,5 @@
 // The services every host agent runs, and the commands that expose them.
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -20,7 +21,7 @@ using nlohmann::json;
 clocksync::ProbeEngine* g_engine = nullptr;  // agent thread only, once started
 
 json queue_json(const clocksync::CongestionState& q) {
-  return {{"ready", q.samples >= clocksync::CongestionDetector::kWarmup},
+  return {{"ready", q.samples >= clocksync::CongestionDetector::kWarmup}, {"samples", q.samples},
           {"base_ns", q.base_ns},           {"level_ns", q.level_ns},   {"excess_ns", q.excess_ns},
           {"threshold_ns", q.threshold_ns}, {"congested", q.congested}, {"changes", q.changes}};
 }
@@ -61,8 +62,9 @@ json peers_json() {
 }
 
 // Source paths of verbs bundles: a process asks for probes from each shadow
-// QP's UDP source port to the bundle's peer, and drops them when the QP
-// goes. Keyed by the bundle ("GID-QPN" of the application's QP).
+// QP's UDP source port to the bundle's peer, asks again with the new list
+// when shadows were renewed on new ports, and drops them when the QP goes.
+// Keyed by the bundle ("GID-QPN" of the application's QP).
 std::map<std::string, std::vector<int>> g_bundle_paths;  // agent thread only
 
 json add_bundle_paths(const json& req) {
@@ -73,7 +75,25 @@ json add_bundle_paths(const json& req) {
   for (size_t i = 0; i < locals.size(); i++)
     if (locals[i] == local) rail = static_cast<int>(i);
   if (rail < 0) return {{"error", local + " is not a probe address (SHUNT_PROBE_ADDRS)"}};
-  if (key.empty() || g_bundle_paths.count(key)) return {{"error", "bad or repeated bundle key"}};
+  if (key.empty()) return {{"error", "no bundle key"}};
+  // A bundle already known: its paths were renewed (new source ports).
+  // Those still listed keep their probes and what they learned; the others
+  // go, the new ones come.
+  std::vector<int> kept;
+  std::vector<uint16_t> have;
+  if (auto it = g_bundle_paths.find(key); it != g_bundle_paths.end()) {
+    std::vector<uint16_t> want;
+    for (const auto& sp : req.value("sports", json::array())) want.push_back(sp.get<uint16_t>());
+    for (int id : it->second) {
+      auto sp = g_engine->source_path(id);
+      if (sp && sp->rail == rail && std::find(want.begin(), want.end(), sp->port) != want.end()) {
+        kept.push_back(id);
+        have.push_back(sp->port);
+      } else {
+        g_engine->remove_source_path(id);
+      }
+    }
+  }
   clocksync::PeerSpec spec;  // merges into a peer already known at that address
   spec.name = peer;
   spec.by_address = true;
@@ -83,9 +103,10 @@ json add_bundle_paths(const json& req) {
   // A peer also listed in SHUNT_PEERS goes by its own name there; then
   // add_source_path reports it unknown under its address (in "errors").
   const std::string& name = peer;
-  std::vector<int> ids;
+  std::vector<int> ids = kept;
   json errors = json::array();
   for (const auto& sp : req.value("sports", json::array())) {
+    if (std::find(have.begin(), have.end(), sp.get<uint16_t>()) != have.end()) continue;
     std::string err;
     int id = g_engine->add_source_path(name, rail, sp.get<uint16_t>(), &err);
     if (id > 0) ids.push_back(id);

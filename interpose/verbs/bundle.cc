@@ -242,6 +242,7 @@ struct Bundle {
   // Control path.
   std::mutex mu;
   bool dead = false, started = false, registered = false, probed = false;
+  std::string probed_sports;  // the source ports the agent probes for it (JSON)
   std::string state = "waiting for RTS";
   int access = 0;
   int peer_access = -1;  // the peer QP's access flags (its shadows have them); -1: not told
@@ -719,8 +720,10 @@ void activate(Bundle* b) {
 std::string probe_key(const Bundle* b) { return gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num); }
 
 // Asks the host agent's probe engine to probe the peer from every shadow's
-// UDP source port (clocksync source paths). Without a probe engine the
-// bundle works all the same; one line says why it is not probed.
+// UDP source port (clocksync source paths); again, with the new list, once
+// renewals moved shadows to new ports (a no-op while the list is the one
+// the agent has). Without a probe engine the bundle works all the same;
+// one line says why it is not probed.
 void register_probe_paths(Bundle* b) {
   std::string sock = agent::socket_path(), peer_ip, local_ip, err;
   if (sock.empty() || !gid_v4(b->rgid, &peer_ip) || !gid_v4(b->lgid, &local_ip)) return;
@@ -728,8 +731,10 @@ void register_probe_paths(Bundle* b) {
   {
     std::lock_guard g(b->mu);
     if (b->dead || !b->active.load()) return;
+    std::lock_guard l(b->lk);
     for (const auto& p : b->paths)
       if (!p.rail) sports.push_back(0xC000 | p.flow_label);  // the engine probes from the QP's own address
+    if (b->probed && sports.dump() == b->probed_sports) return;
   }
   auto r = peer::request(sock,
                          {{"cmd", "bundle-paths"}, {"peer", peer_ip}, {"local", local_ip}, {"sports", sports},
@@ -742,6 +747,7 @@ void register_probe_paths(Bundle* b) {
   }
   std::lock_guard g(b->mu);
   b->probed = true;
+  b->probed_sports = sports.dump();
 }
 
 void drop_probe_paths(Bundle* b) {
@@ -2273,7 +2279,10 @@ void run_worker(Bundle* b) {
         if (b->dead) return;
         probed = b->probed;
       }
-      if (probed) steer_tick(b);
+      if (probed) {
+        register_probe_paths(b);  // renewed shadows: their new ports
+        steer_tick(b);
+      }
     }
     bool need_move, gave_up;
     std::vector<int> down;

@@ -71,6 +71,42 @@ for _ in 1 2 3 4 5; do
   sleep 0.3
 done
 
+# A verbs bundle's source paths (bundle-paths, as libshunt asks for them):
+# probed from each given UDP source port; asked again with the list after
+# a renewal, the ports still listed keep their probes and what their queue
+# detector learned, the others go, the new ones come.
+python3 - "$TMP/run1/agent.sock" $A1 $A2 <<'PY' || fail "bundle source paths"
+import json, socket, sys, time
+sock, local, peer = sys.argv[1:]
+def ask(req):
+    s = socket.socket(socket.AF_UNIX); s.connect(sock); s.sendall(json.dumps(req).encode() + b"\n")
+    ans = json.loads(s.makefile().readline()); s.close()
+    return ans
+key = "e2e-bundle"
+def stats():
+    ans = ask({"cmd": "bundle-paths-stats", "key": key})
+    assert ans.get("ok"), ans
+    return {p["port"]: p for p in ans["paths"]}
+def until_probed(ports):
+    for _ in range(50):
+        st = stats()
+        if sorted(st) == sorted(ports) and all(p["alive"] and p["fwd_queue"]["samples"] >= 5 for p in st.values()):
+            return st
+        time.sleep(0.1)
+    sys.exit(f"source paths {sorted(stats())} not all probed (want {ports}): {stats()}")
+ans = ask({"cmd": "bundle-paths", "key": key, "peer": peer, "local": local, "sports": [50001, 50002]})
+assert ans.get("ok") and ans["paths"] == 2, ans
+before = until_probed([50001, 50002])
+ans = ask({"cmd": "bundle-paths", "key": key, "peer": peer, "local": local, "sports": [50002, 50003]})
+assert ans.get("ok") and ans["paths"] == 2, ans
+after = until_probed([50002, 50003])
+kept = after[50002]["fwd_queue"]["samples"]
+assert kept > before[50002]["fwd_queue"]["samples"], (before[50002], after[50002])
+print(f"ok: renewed source paths: 50001 gone, 50003 probed, 50002 kept ({kept} queue samples, not restarted)")
+assert ask({"cmd": "bundle-paths-drop", "key": key}).get("ok")
+assert "error" in ask({"cmd": "bundle-paths-stats", "key": key})
+PY
+
 alive() { peers 1 | python3 -c '
 import json, sys
 d = json.load(sys.stdin); d = d.get("peers", d) if isinstance(d, dict) else d
