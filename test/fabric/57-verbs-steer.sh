@@ -75,12 +75,10 @@ q = {p["udp_sport"]: p["queue"]["excess_ns"] / 1e6 for p in live}
 print("named congested by shuntctl paths:", sorted(named), "queues (ms):", {p: round(v, 1) for p, v in q.items()})
 if not set(slow) <= named:
     sys.exit(f"congested {sorted(named)}, but the slow ones are {slow}")
-if set(fast) <= named:
-    sys.exit("every path named congested: nothing told apart")
-# the fast spine may queue a little once it carries more, and the slow
-# spine's queue shrinks as work leaves it: the slow paths' queues must
-# still all lie above theirs
-if min(q[p] for p in slow) <= max(q[p] for p in fast):
+# the fast spine queues too once it carries more (its paths may then be
+# named congested as well), and the slow spine's queue shrinks as work
+# leaves it: the slow paths' queues must still all lie well above theirs
+if min(q[p] for p in slow) <= 1.5 * max(q[p] for p in fast):
     sys.exit("the slow paths' queues do not stand out")
 share = {p["udp_sport"]: p["share"] for p in shadows}
 s_slow = sum(share[p] for p in slow) / len(slow)
