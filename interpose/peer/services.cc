@@ -94,15 +94,20 @@ json add_bundle_paths(const json& req) {
       }
     }
   }
-  clocksync::PeerSpec spec;  // merges into a peer already known at that address
-  spec.name = peer;
+  // Merges into a peer already known at that address. A path on another
+  // rail names the peer's address on the application's NIC too (`via`): the
+  // same host, known by that address, gets this rail's address.
+  const std::string via = rail ? req.value("via", "") : "";
+  clocksync::PeerSpec spec;
+  spec.name = via.empty() ? peer : via;
   spec.by_address = true;
   spec.addrs.assign(rail + 1, "");
   spec.addrs[rail] = peer;
+  if (!via.empty()) spec.addrs[0] = via;
   g_engine->add_peer(spec);
   // A peer also listed in SHUNT_PEERS goes by its own name there; then
   // add_source_path reports it unknown under its address (in "errors").
-  const std::string& name = peer;
+  const std::string& name = spec.name;
   std::vector<int> ids = kept;
   json errors = json::array();
   for (const auto& sp : req.value("sports", json::array())) {

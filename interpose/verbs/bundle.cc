@@ -717,42 +717,71 @@ void activate(Bundle* b) {
                                     {"udp_sports", ports}});
 }
 
-std::string probe_key(const Bundle* b) { return gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num); }
+// The agent's key for the bundle's source paths on rail k (its own NIC: 0).
+std::string probe_key(const Bundle* b, size_t k = 0) {
+  std::string key = gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num);
+  return k ? key + "/" + std::to_string(k) : key;
+}
+
+size_t rail_count(const Bundle* b) { return std::max<size_t>(b->rails.size(), 1); }
 
 // Asks the host agent's probe engine to probe the peer from every shadow's
-// UDP source port (clocksync source paths); again, with the new list, once
-// renewals moved shadows to new ports (a no-op while the list is the one
-// the agent has). Without a probe engine the bundle works all the same;
-// one line says why it is not probed.
+// UDP source port (clocksync source paths), each from its NIC's address to
+// the peer's on that rail; again, with the new list, once renewals moved
+// shadows to new ports (a no-op while the lists are the ones the agent
+// has). Without a probe engine, or for a NIC whose address the engine does
+// not probe from, the bundle works all the same; one line says why.
 void register_probe_paths(Bundle* b) {
-  std::string sock = agent::socket_path(), peer_ip, local_ip, err;
-  if (sock.empty() || !gid_v4(b->rgid, &peer_ip) || !gid_v4(b->lgid, &local_ip)) return;
-  json sports = json::array();
+  std::string sock = agent::socket_path(), err;
+  if (sock.empty()) return;
+  std::vector<json> sports;
+  std::vector<std::pair<std::string, std::string>> ends;  // per rail: local, peer address
+  std::string all, via;  // via: the peer's address on the application's NIC
   {
     std::lock_guard g(b->mu);
     if (b->dead || !b->active.load()) return;
     std::lock_guard l(b->lk);
-    for (const auto& p : b->paths)
-      if (!p.rail) sports.push_back(0xC000 | p.flow_label);  // the engine probes from the QP's own address
-    if (b->probed && sports.dump() == b->probed_sports) return;
+    for (size_t k = 0; k < rail_count(b); k++) {
+      json list = json::array();
+      for (const auto& p : b->paths)
+        if (p.rail == static_cast<int>(k)) list.push_back(0xC000 | p.flow_label);
+      std::string local, peer;
+      const ibv_gid& lg = k ? b->rails[k].lgid : b->lgid;
+      const ibv_gid& rg = k ? b->rails[k].rgid : b->rgid;
+      if (!gid_v4(lg, &local) || !gid_v4(rg, &peer)) local.clear();
+      if (!k) via = peer;
+      all += list.dump() + ";";
+      sports.push_back(std::move(list));
+      ends.emplace_back(local, peer);
+    }
+    if (b->probed && all == b->probed_sports) return;
   }
-  auto r = peer::request(sock,
-                         {{"cmd", "bundle-paths"}, {"peer", peer_ip}, {"local", local_ip}, {"sports", sports},
-                          {"key", probe_key(b)}},
-                         2000, &err);
-  if (!r || !r->value("ok", false)) {
-    log::once(LogLevel::info, "bundle-probes",
-              "verbs bundles: shadow paths are not probed: " + (r ? r->value("error", r->dump()) : err));
-    return;
+  bool any = false;
+  for (size_t k = 0; k < sports.size(); k++) {
+    if (ends[k].first.empty() || sports[k].empty()) continue;
+    auto r = peer::request(sock,
+                           {{"cmd", "bundle-paths"}, {"peer", ends[k].second}, {"local", ends[k].first},
+                            {"sports", sports[k]}, {"key", probe_key(b, k)}, {"via", via}},
+                           2000, &err);
+    if (r && r->value("ok", false)) {
+      any = true;
+      continue;
+    }
+    log::once(LogLevel::info, "bundle-probes-" + std::to_string(k),
+              "verbs bundles: shadow paths" + (k ? " on other NICs" : std::string()) +
+                  " are not probed: " + (r ? r->value("error", r->dump()) : err));
   }
+  if (!any) return;
   std::lock_guard g(b->mu);
   b->probed = true;
-  b->probed_sports = sports.dump();
+  b->probed_sports = all;
 }
 
 void drop_probe_paths(Bundle* b) {
   std::string sock = agent::socket_path(), err;
-  if (!sock.empty()) peer::request(sock, {{"cmd", "bundle-paths-drop"}, {"key", probe_key(b)}}, 2000, &err);
+  if (sock.empty()) return;
+  for (size_t k = 0; k < rail_count(b); k++)
+    peer::request(sock, {{"cmd", "bundle-paths-drop"}, {"key", probe_key(b, k)}}, 2000, &err);
 }
 
 // Makes this process reachable for its bundles and lists the QP in the
@@ -1103,12 +1132,22 @@ bool usable(const Path& p) { return !p.down && !p.probation; }
 void steer_tick(Bundle* b) {
   std::string sock = agent::socket_path(), err;
   if (sock.empty()) return;
-  auto r = peer::request(sock, {{"cmd", "bundle-paths-stats"}, {"key", probe_key(b)}}, 1000, &err);
-  if (!r || !r->value("ok", false)) return;
-  std::map<uint32_t, json> by_port;
-  for (const auto& p : r->value("paths", json::array()))
-    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
-      by_port[p.value("port", 0u)] = p["fwd_queue"];
+  std::map<std::pair<int, uint32_t>, json> by_port;  // (rail, source port) -> its queue
+  size_t rails;
+  {
+    std::lock_guard g(b->mu);
+    rails = rail_count(b);
+  }
+  bool answered = false;
+  for (size_t k = 0; k < rails; k++) {
+    auto r = peer::request(sock, {{"cmd", "bundle-paths-stats"}, {"key", probe_key(b, k)}}, 1000, &err);
+    if (!r || !r->value("ok", false)) continue;
+    answered = true;
+    for (const auto& p : r->value("paths", json::array()))
+      if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
+        by_port[{static_cast<int>(k), p.value("port", 0u)}] = p["fwd_queue"];
+  }
+  if (!answered) return;
   std::string from, to, paths;
   uint64_t steps = 0;
   uint32_t qpn = 0;
@@ -1119,7 +1158,7 @@ void steer_tick(Bundle* b) {
     int known = 0;
     for (size_t i = 0; i < b->paths.size(); i++) {
       Path& p = b->paths[i];
-      auto it = p.rail ? by_port.end() : by_port.find(0xC000 | p.flow_label);
+      auto it = by_port.find({p.rail, 0xC000 | p.flow_label});
       p.queue_known = it != by_port.end();
       if (p.queue_known) {
         p.excess_ns = it->second.value("excess_ns", 0.0);

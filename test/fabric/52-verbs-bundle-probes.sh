@@ -3,18 +3,20 @@
 # Probes that follow a bundle's paths: on a fabric whose routers hash on
 # addresses and source port only (shunt-fabric --ecmp-hash sport), each
 # shadow QP's UDP source port is also probed by the host agent's probe
-# engine (a clocksync source path), so its liveness and one-way delay are
-# those of the shadow's own path. Checked: every shadow port of both ends
-# has a live source path in `shuntctl peers`, and on the spines every
-# shadow's (address, source port) was seen probing on the spine that
-# carried its RoCE packets and on no other.
+# engine (a clocksync source path) from the shadow's own NIC, so its
+# liveness and one-way delay are those of the shadow's own path. Two rails:
+# the bundle has shadows on both NICs. Checked: every shadow port of both
+# ends, on both rails, has a live source path in `shuntctl peers`, and on
+# the spines every shadow's (address, source port) was seen probing on the
+# spine that carried its RoCE packets and on no other.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
 command -v nft >/dev/null || skip "no nft"
-up --hosts 2 --rails 1 --spines 2 --ecmp-hash sport
+up --hosts 2 --rails 2 --spines 2 --ecmp-hash sport
 KEY=probes-$$
 a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
+declare -A addr=([h1rxe0]=$a1 [h2rxe0]=$a2 [h1rxe1]=$(fab addr h1 r1) [h2rxe1]=$(fab addr h2 r1))
 sport_watch
 
 # rank R on host H (address A)
@@ -24,9 +26,9 @@ rank() {
     "$BENCH" --rank "$1" --world 2 --bootstrap "$a1:29911" --transport verbs -d rxe0 --verb write_imm \
     -b 1M -e 1M --duration 25 -w 1 -c 1 --seg 256K > "$TMP/rank$1.out" 2>&1
 }
-rank 1 h2 "$a2" &
+rank 1 h2 "$a2,${addr[h2rxe1]}" &
 r1=$!
-rank 0 h1 "$a1" &
+rank 0 h1 "$a1,${addr[h1rxe1]}" &
 r0=$!
 # while the job runs: both agents' views of their source paths
 sleep 20
@@ -35,22 +37,23 @@ for h in h1 h2; do
 done
 wait $r0 || { cat "$TMP/rank0.out"; fail "rank 0 failed"; }
 wait $r1 || { cat "$TMP/rank1.out"; fail "rank 1 failed"; }
-grep -q "bundle active with 4 shadow paths" "$TMP/rank0.out" || { cat "$TMP/rank0.out"; fail "no bundle"; }
+grep -q "bundle active with 4 shadow paths.* and 4 on other NICs" "$TMP/rank0.out" || { cat "$TMP/rank0.out"; fail "no bundle on both rails"; }
 
 for h in h1 h2; do
   r=$([ $h = h1 ] && echo 0 || echo 1)
   fab exec $h -- cat /tmp/p$r.json > "$TMP/p$r.json"
-  sports=$(jget "$TMP/p$r.json" '" ".join(str(p["udp_sport"]) for q in d["verbs"]["qps"] if "bundle" in q for p in q["bundle"]["paths"])')
+  sports=$(jget "$TMP/p$r.json" '" ".join("%s/%s" % (p["device"], p["udp_sport"]) for q in d["verbs"]["qps"] if "bundle" in q for p in q["bundle"]["paths"])')
   echo "$h shadow ports: $sports"
   [ -n "$sports" ] || fail "$h: no shadow ports"
-  for p in $sports; do
-    alive=$(jget "$TMP/peers-$h.json" "[sp['alive'] for pr in d['peers'] for sp in pr['source_paths'] if sp['port'] == $p and not sp['reflected']]")
-    echo "  $h source path from port $p: alive $alive"
-    [ "$alive" = "[True]" ] || fail "$h: source path from port $p not alive: $alive"
+  for dp in $sports; do
+    dev=${dp%/*} p=${dp#*/} rail=${dp%%/*}; rail=${rail#rxe}
+    alive=$(jget "$TMP/peers-$h.json" "[sp['alive'] for pr in d['peers'] for sp in pr['source_paths'] if sp['port'] == $p and sp['rail'] == $rail and not sp['reflected']]")
+    echo "  $h source path from $dev port $p: alive $alive"
+    [ "$alive" = "[True]" ] || fail "$h: source path from $dev port $p not alive: $alive"
+    echo "${addr[$h$dev]}:$p" >> "$TMP/all-sports"
   done
-  a=$([ $h = h1 ] && echo "$a1" || echo "$a2")
-  for p in $sports; do echo "$a:$p" >> "$TMP/all-sports"; done
 done
+grep -q "^${addr[h1rxe1]}:" "$TMP/all-sports" || fail "no shadow on rail 1"
 
 declare -A roce probe
 for s in s1 s2; do roce[$s]=" $(sport_seen $s roce) "; probe[$s]=" $(sport_seen $s probe) "; done
