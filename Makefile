@@ -16,7 +16,7 @@ JOBS     ?= $(shell nproc)
 DEB_PACKAGES := build-essential g++ make pkg-config python3 binutils \
   libibverbs-dev rdma-core ibverbs-utils ibverbs-providers \
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libboost-dev \
-  libgtest-dev libbenchmark-dev libsodium-dev mandoc
+  libgtest-dev libbenchmark-dev libsodium-dev librdmacm-dev mandoc
 
 WARN     := -Wall -Wextra -Werror -Wno-missing-field-initializers
 DEFS     := -D_GNU_SOURCE -DSPDLOG_HEADER_ONLY -DSPDLOG_FMT_EXTERNAL -DFMT_HEADER_ONLY \
@@ -25,12 +25,12 @@ CXXFLAGS_BASE := -std=c++20 $(OPT) -g -fPIC -fvisibility=hidden -fvisibility-inl
             $(WARN) $(DEFS) -I. $(SAN)
 CFLAGS_BASE   := -std=gnu11 $(OPT) -g $(WARN) -D_GNU_SOURCE $(SAN)
 
-# Library: every .cc under the library's parts. exports.cc files define the
+# Library: every .cc under the library's parts. exports.cc and *_exports.cc files define the
 # interposed entry points and go only into the .so; everything else also goes
 # into a static archive that the unit tests and tools link.
 LIB_DIRS    := interpose/core interpose/verbs interpose/socket interpose/peer clocksync telemetry
 LIB_SRCS    := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cc))
-CORE_SRCS   := $(filter-out %/exports.cc,$(LIB_SRCS))
+CORE_SRCS   := $(filter-out %/exports.cc %_exports.cc,$(LIB_SRCS))
 LIB_OBJS    := $(patsubst %.cc,$(BUILD)/obj/%.o,$(LIB_SRCS))
 CORE_OBJS   := $(patsubst %.cc,$(BUILD)/obj/%.o,$(CORE_SRCS))
 LIB_LIBS    := -libverbs -ldl -lpthread

@@ -3203,6 +3203,18 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
   return b;
 }
 
+bool bundle_cm_route_dead(QpRecord* r) {
+  Bundle* b = r ? r->bundle.load() : nullptr;
+  if (!b) return false;
+  std::lock_guard g(b->mu);
+  if (b->dead || !b->active.load()) return false;
+  std::lock_guard l(b->lk);
+  if (!b->prim.down) return false;
+  for (const auto& p : b->paths)
+    if (p.rail == 0 && usable(p)) return false;  // a route on the application's NIC works
+  return true;
+}
+
 void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min) {
   Bundle* b = r->bundle.load();
   std::lock_guard l(b->lk);

@@ -56,6 +56,10 @@ int bundle_unstash(ibv_cq* cq, int n, ibv_wc* wc);
 // QP, drops shunt's own, posts WRs whose fence cleared; returns the new n.
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n);
 
+// Whether the connection manager's own route to the peer looks dead: the
+// application's QP failed and no path on its NIC is usable (rdma_cm_exports.cc).
+bool bundle_cm_route_dead(QpRecord* r);
+
 // The bundle of an application QP for the stats file (null when none).
 nlohmann::json bundle_json(const QpRecord& r);
 
