@@ -50,6 +50,14 @@ F* real_fn(std::atomic<void*>& slot, const char* name, const char* version, cons
   return reinterpret_cast<F*>(p);
 }
 
+// The real `fn` of library `lib` (default version `ver`, or null), resolved
+// once per call site; the exports.cc files each name their library.
+#define SHUNT_REAL_IN(lib, fn, ver)                                                                   \
+  ([]() {                                                                                             \
+    static std::atomic<void*> slot{nullptr};                                                          \
+    return ::shunt::real_fn<decltype(fn)>(slot, #fn, ver, lib, reinterpret_cast<void*>(&(fn)));       \
+  }())
+
 // Process identity, refreshed in a forked child.
 int self_pid();
 bool is_forked_child();  // true in a child of a process where shunt ran

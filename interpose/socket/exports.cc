@@ -29,11 +29,7 @@ using sock::Role;
 namespace {
 constexpr const char* kLib = "libc.so.6";
 
-#define SHUNT_REAL(fn)                                                                         \
-  ([]() {                                                                                      \
-    static std::atomic<void*> slot{nullptr};                                                   \
-    return real_fn<decltype(fn)>(slot, #fn, nullptr, kLib, reinterpret_cast<void*>(&(fn)));    \
-  }())
+#define SHUNT_REAL(fn) SHUNT_REAL_IN(kLib, fn, nullptr)
 
 // True when this call should be observed (initializing on first use, which
 // may be before the constructor when another library's constructor runs).

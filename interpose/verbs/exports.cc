@@ -17,11 +17,7 @@ using verbs::Call;
 namespace {
 constexpr const char* kLib = "libibverbs.so.1";
 
-#define SHUNT_REAL(fn, ver)                                                                     \
-  ([]() {                                                                                       \
-    static std::atomic<void*> slot{nullptr};                                                    \
-    return real_fn<decltype(fn)>(slot, #fn, ver, kLib, reinterpret_cast<void*>(&(fn)));         \
-  }())
+#define SHUNT_REAL(fn, ver) SHUNT_REAL_IN(kLib, fn, ver)
 
 // Initializes if needed; true when shunt should act on this call.
 inline bool acting() {

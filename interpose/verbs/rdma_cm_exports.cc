@@ -29,11 +29,7 @@ using namespace shunt;
 namespace {
 constexpr const char* kLib = "librdmacm.so.1";
 
-#define SHUNT_REAL(fn, ver)                                                                     \
-  ([]() {                                                                                       \
-    static std::atomic<void*> slot{nullptr};                                                    \
-    return real_fn<decltype(fn)>(slot, #fn, ver, kLib, reinterpret_cast<void*>(&(fn)));         \
-  }())
+#define SHUNT_REAL(fn, ver) SHUNT_REAL_IN(kLib, fn, ver)
 
 std::mutex g_mu;
 std::map<rdma_event_channel*, std::deque<rdma_cm_event*>> g_ready;  // given by shunt, not yet returned
