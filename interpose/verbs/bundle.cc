@@ -2676,16 +2676,16 @@ void run_stall_watch() {
     for (Bundle* b : all) {
       std::lock_guard m(b->mu);
       if (b->dead || !b->active.load()) continue;
+      rise(b->ctx->device, b->port);
+      for (size_t k = 1; k < b->rails.size(); k++) rise(b->rails[k].device, b->rails[k].port);
+    }
+    for (Bundle* b : all) {
+      std::lock_guard m(b->mu);
+      if (b->dead || !b->active.load()) continue;
       check_stalls(b, now, stall_ms, [&](int k) {
         if (k <= 0 || k >= static_cast<int>(b->rails.size())) return rise(b->ctx->device, b->port);
         return rise(b->rails[k].device, b->rails[k].port);
       });
-    }
-    for (Bundle* b : all) {  // the ports check_stalls did not ask about
-      std::lock_guard m(b->mu);
-      if (b->dead || !b->active.load()) continue;
-      rise(b->ctx->device, b->port);
-      for (size_t k = 1; k < b->rails.size(); k++) rise(b->rails[k].device, b->rails[k].port);
     }
   }
 }
