@@ -2300,7 +2300,7 @@ void run_worker(Bundle* b) {
   std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
   std::vector<std::deque<int64_t>> fails(b->paths.size());
   std::vector<bool> was_down(b->paths.size(), false);
-  int64_t move_since = 0, next_steer = 0;
+  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0;
   std::vector<int> reported, seen_down;
   for (;;) {
     {
@@ -2308,20 +2308,22 @@ void run_worker(Bundle* b) {
       b->wcv.wait_for(w, std::chrono::milliseconds(50), [&] { return b->wake; });
       b->wake = false;
     }
-    // Steering first, outside move_mu: the agent's answer can take a while
-    // and no failover waits for it (it touches shares only, under lk).
-    if (b->split && b->steer_queue && mono_ms() >= next_steer) {
+    // The agent's probes and steering first, outside move_mu: the agent's
+    // answer can take a while and no failover waits for it (steering
+    // touches shares only, under lk).
+    bool probed;
+    {
+      std::lock_guard g(b->mu);
+      if (b->dead) return;
+      probed = b->probed;
+    }
+    if (probed && mono_ms() >= next_probe_sync) {
+      next_probe_sync = mono_ms() + 500;
+      register_probe_paths(b);  // renewed shadows: their new ports (nothing to ask while unchanged)
+    }
+    if (probed && b->split && b->steer_queue && mono_ms() >= next_steer) {
       next_steer = mono_ms() + config().num(Param::steer_interval_ms);
-      bool probed;
-      {
-        std::lock_guard g(b->mu);
-        if (b->dead) return;
-        probed = b->probed;
-      }
-      if (probed) {
-        register_probe_paths(b);  // renewed shadows: their new ports
-        steer_tick(b);
-      }
+      steer_tick(b);
     }
     bool need_move, gave_up;
     std::vector<int> down;
