@@ -182,6 +182,7 @@ struct Path {
   double ns_per_byte = 0;  // EWMA over the path's flowlets; 0: not measured yet
   double seg_lat = 0;      // EWMA of its split segments' time from post to completion (ns); 0: none yet
   double share = 1.0;      // its weight in a split's head
+  bool probe_alive = false;  // its source path's probes got through since its port was set
   // Its forward queue, from the host agent's probes of its source port.
   bool queue_known = false, congested = false;
   double excess_ns = 0, threshold_ns = 0;
@@ -829,15 +830,17 @@ bool initiates(const Bundle* b) {
 
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
 void wake_worker(Bundle* b);
-// A probed split bundle steers from the start: its failover worker asks for
-// the paths' queues (steer_tick), so it runs before any failure.
+// A probed bundle's failover worker runs from the start, before any
+// failure: it asks the host agent what the probes of its shadows' source
+// ports say, fails a path whose probes are lost (fail_silent_paths), and
+// steers a split bundle by the paths' queues (steer_tick).
 void start_steering(Bundle* b) {
   bool probed;
   {
     std::lock_guard g(b->mu);
     probed = b->probed && !b->dead;
   }
-  if (probed && b->split && b->steer_queue) wake_worker(b);
+  if (probed) wake_worker(b);
 }
 void start_stall_watch();
 void watch_resync(bool wait);
@@ -1123,16 +1126,14 @@ bool consumes(ibv_wr_opcode op) {
 Path& P(Bundle* b, int i) { return i == kPrimary ? b->prim : b->paths[i]; }
 bool drained(const Path& p) { return p.done == p.posted; }
 bool usable(const Path& p) { return !p.down && !p.probation; }
-// Steering a split bundle (steer.h): asks the host agent for the forward
-// queues its probes measure on the shadows' source ports and moves shares
-// off the congested paths. From the failover worker, every
-// SHUNT_STEER_INTERVAL_MS, never under the data path's lock across the
-// request. A step that moved shares is an event, at most one a second per
-// bundle (with the steps taken since the last one).
-void steer_tick(Bundle* b) {
+
+// What the host agent's probes say of the bundle's source paths now, by
+// (rail, source port): each path's entry of `bundle-paths-stats`. False
+// when no rail's request was answered.
+using ProbeStats = std::map<std::pair<int, uint32_t>, json>;
+bool probe_stats(Bundle* b, ProbeStats* out) {
   std::string sock = agent::socket_path(), err;
-  if (sock.empty()) return;
-  std::map<std::pair<int, uint32_t>, json> by_port;  // (rail, source port) -> its queue
+  if (sock.empty()) return false;
   size_t rails;
   {
     std::lock_guard g(b->mu);
@@ -1143,11 +1144,24 @@ void steer_tick(Bundle* b) {
     auto r = peer::request(sock, {{"cmd", "bundle-paths-stats"}, {"key", probe_key(b, k)}}, 1000, &err);
     if (!r || !r->value("ok", false)) continue;
     answered = true;
-    for (const auto& p : r->value("paths", json::array()))
-      if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
-        by_port[{static_cast<int>(k), p.value("port", 0u)}] = p["fwd_queue"];
+    for (const auto& p : r->value("paths", json::array())) (*out)[{static_cast<int>(k), p.value("port", 0u)}] = p;
   }
-  if (!answered) return;
+  return answered;
+}
+
+int fail_silent_paths(Bundle* b, const ProbeStats& stats);
+
+// Steering a split bundle (steer.h): from the forward queues the host
+// agent's probes measure on the shadows' source ports, moves shares off
+// the congested paths. From the failover worker, every
+// SHUNT_STEER_INTERVAL_MS, never under the data path's lock across the
+// request. A step that moved shares is an event, at most one a second per
+// bundle (with the steps taken since the last one).
+void steer_tick(Bundle* b, const ProbeStats& stats) {
+  std::map<std::pair<int, uint32_t>, json> by_port;  // (rail, source port) -> its queue
+  for (const auto& [at, p] : stats)
+    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
+      by_port[at] = p["fwd_queue"];
   std::string from, to, paths;
   uint64_t steps = 0;
   uint32_t qpn = 0;
@@ -1666,6 +1680,7 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
 // path_failed statuses that are not a completion's (-1: the peer's word)
 constexpr int kStalled = -3;   // the stall watch
 constexpr int kPortDown = -4;  // a port or device event
+constexpr int kProbesLost = -5;  // the host agent's probes of its source port
 
 // What the poll path decided under the lock, done after it (events,
 // threads: never under the spin lock).
@@ -1964,6 +1979,7 @@ void event_down(Bundle* b, const After& a) {
     const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
                       : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
                       : st == kPortDown ? "its port went down: async event"
+                      : st == kProbesLost ? "its own probes are lost: silent loss on its route"
                                          : "the peer saw it fail";
     log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
               pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
@@ -1974,6 +1990,7 @@ void event_down(Bundle* b, const After& a) {
                                    {"status", st >= 0            ? why
                                               : st == kStalled   ? "stalled"
                                               : st == kPortDown ? "port_down"
+                                              : st == kProbesLost ? "probes_lost"
                                                                  : "peer"}});
   }
 }
@@ -2016,6 +2033,7 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   p.psn = random_psn();
   p.gen++;
   p.flow_label = flow_label_for(label_seed(b) + 7919u * p.gen, static_cast<int>(&p - b->paths.data()));
+  p.probe_alive = false;  // a new port: its probes start over
   return true;
 }
 
@@ -2300,7 +2318,8 @@ void run_worker(Bundle* b) {
   std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
   std::vector<std::deque<int64_t>> fails(b->paths.size());
   std::vector<bool> was_down(b->paths.size(), false);
-  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0;
+  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0, next_probe_check = 0;
+  constexpr int64_t kProbeCheckMs = 100;  // how often it asks whether a path's probes are lost
   std::vector<int> reported, seen_down;
   for (;;) {
     {
@@ -2317,13 +2336,21 @@ void run_worker(Bundle* b) {
       if (b->dead) return;
       probed = b->probed;
     }
-    if (probed && mono_ms() >= next_probe_sync) {
-      next_probe_sync = mono_ms() + 500;
+    const int64_t t = mono_ms();
+    if (probed && t >= next_probe_sync) {
+      next_probe_sync = t + 500;
       register_probe_paths(b);  // renewed shadows: their new ports (nothing to ask while unchanged)
     }
-    if (probed && b->split && b->steer_queue && mono_ms() >= next_steer) {
-      next_steer = mono_ms() + config().num(Param::steer_interval_ms);
-      steer_tick(b);
+    const bool steer_due = probed && b->split && b->steer_queue && t >= next_steer;
+    const bool check_due = probed && t >= next_probe_check;
+    if (steer_due || check_due) {
+      if (check_due) next_probe_check = t + kProbeCheckMs;
+      if (steer_due) next_steer = t + config().num(Param::steer_interval_ms);
+      ProbeStats st;
+      if (probe_stats(b, &st)) {
+        if (check_due) fail_silent_paths(b, st);
+        if (steer_due) steer_tick(b, st);
+      }
     }
     bool need_move, gave_up;
     std::vector<int> down;
@@ -2506,6 +2533,42 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
     b->all_stalled = all;
   }
   if (first) event_all_stalled(b, stalled);
+  if (a.down.empty()) return 0;
+  event_down(b, a);
+  wake_worker(b);
+  return static_cast<int>(a.down.size());
+}
+
+// Silent loss found by probes: a shadow whose source path's probes got
+// through since its port was set, and are now lost (none answered for
+// SHUNT_PATH_DEAD_MS), has failed like any other, whether or not it has
+// work in flight: no RC timeout to wait for, and no work is sent into a
+// dead route. Unless no usable path would be left. Returns how many
+// failed. From the failover worker.
+int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
+  After a;
+  {
+    std::lock_guard m(b->mu);
+    if (b->dead || !b->active.load()) return 0;
+    std::lock_guard l(b->lk);
+    if (b->gave_up) return 0;
+    std::vector<int> lost;
+    bool others = usable(b->prim) && b->prim.qp;  // the application's QP is not probed
+    for (size_t i = 0; i < b->paths.size(); i++) {
+      Path& p = b->paths[i];
+      if (p.down || !p.qp) continue;
+      auto it = stats.find({p.rail, 0xC000 | p.flow_label});
+      bool known = it != stats.end();
+      if (known && it->second.value("alive", false)) p.probe_alive = true;
+      if (known && !it->second.value("alive", false) && p.probe_alive) lost.push_back(static_cast<int>(i));
+      else others |= usable(p);
+    }
+    // As with stalls: never the last usable paths at once (queues deep
+    // enough to lose every probe, or a route they all share: nowhere to go).
+    if (others)
+      for (int i : lost) path_failed(b, i, kProbesLost, &a);
+    if (!a.down.empty()) flush_held(b, b->ctx);
+  }
   if (a.down.empty()) return 0;
   event_down(b, a);
   wake_worker(b);
@@ -3255,6 +3318,12 @@ int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, 
   Bundle* b = r->bundle.load();
   std::lock_guard m(b->mu);
   return check_stalls(b, now_ms, stall_ms, [=](int) { return retx_ms; });
+}
+
+int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive) {
+  ProbeStats st;
+  for (auto [port, up] : alive) st[{0, port}] = json{{"port", port}, {"alive", up}};
+  return fail_silent_paths(r->bundle.load(), st);
 }
 
 int bundle_port_event_for_test(const std::string& device, int port, bool up) {

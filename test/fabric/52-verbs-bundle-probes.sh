@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # timeout: 400
-# Probes that follow a bundle's paths: on a fabric whose routers hash on
-# addresses and source port only (shunt-fabric --ecmp-hash sport), each
-# shadow QP's UDP source port is also probed by the host agent's probe
-# engine (a clocksync source path) from the shadow's own NIC, so its
-# liveness and one-way delay are those of the shadow's own path. Two rails:
-# the bundle has shadows on both NICs. Checked: every shadow port of both
-# ends, on both rails, has a live source path in `shuntctl peers`, and on
-# the spines every shadow's (address, source port) was seen probing on the
-# spine that carried its RoCE packets and on no other.
+# Probes that follow a bundle's paths, renewed ones included: on a fabric
+# whose routers hash on addresses and source port only (shunt-fabric
+# --ecmp-hash sport), each shadow QP's UDP source port is also probed by
+# the host agent's probe engine (a clocksync source path) from the
+# shadow's own NIC, so its liveness and one-way delay are those of the
+# shadow's own path. Two rails: the bundle has shadows on both NICs, and
+# h1's rail-0 leaf loses its spine links for 3 s, so the rail-0 shadows
+# fail (idle ones by their lost probes) and are renewed on new source
+# ports. Checked: a path failed for its lost probes; every shadow port of both
+# ends, on both rails, renewed ones included, has a live source path in
+# `shuntctl peers`, and on the spines every shadow's (address, source
+# port) was seen probing on the spine that carried its RoCE packets and on
+# no other.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -30,8 +34,16 @@ rank 1 h2 "$a2,${addr[h2rxe1]}" &
 r1=$!
 rank 0 h1 "$a1,${addr[h1rxe1]}" &
 r0=$!
-# while the job runs: both agents' views of their source paths
-sleep 20
+# 8 s in, h1's rail-0 leaf loses both its spine links for 3 s: every rail-0
+# path of both ends fails (the job goes on over rail 1) and is renewed on
+# a new source port once the links are back; the renewed ports must be
+# probed too. Then both agents' views of their source paths, while the
+# job still runs.
+sleep 8
+for s in s1 s2; do fab fault blackhole l1r0-$s >/dev/null || fail "blackhole l1r0-$s"; done
+sleep 3
+for s in s1 s2; do fab fault unblackhole l1r0-$s >/dev/null || fail "unblackhole l1r0-$s"; done
+sleep 9
 for h in h1 h2; do
   fab exec $h -- "$B/bin/shuntctl" peers --json > "$TMP/peers-$h.json" || fail "shuntctl peers on $h"
 done
@@ -54,6 +66,13 @@ for h in h1 h2; do
   done
 done
 grep -q "^${addr[h1rxe1]}:" "$TMP/all-sports" || fail "no shadow on rail 1"
+first=$(sed -n 's/.*bundle active with 4 shadow paths (UDP source ports \([0-9,]*\)).*/\1/p' "$TMP/rank0.out" | head -1)
+renewed=$(grep "^$a1:" "$TMP/all-sports" | cut -d: -f2 | while read -r p; do [[ ",$first," == *",$p,"* ]] || echo "$p"; done | xargs)
+echo "h1's rail-0 shadows at setup: $first; renewed on new ports since: ${renewed:-none}"
+[ -n "$renewed" ] || fail "no rail-0 shadow of h1 was renewed on a new port: the fault missed them"
+# idle shadows too: their probes, not their work, find the dead route
+grep -h "failed (its own probes are lost" "$TMP"/rank*.out | head -3
+grep -q "failed (its own probes are lost" "$TMP"/rank*.out || fail "no path failed for its lost probes"
 
 declare -A roce probe
 for s in s1 s2; do roce[$s]=" $(sport_seen $s roce) "; probe[$s]=" $(sport_seen $s probe) "; done

@@ -459,6 +459,35 @@ TEST(Bundle, PathsThatAllStallAtOnceAreKeptUntilOneProgresses) {
   EXPECT_TRUE(r.poll().empty());  // nothing of it reaches the application yet
 }
 
+// A shadow whose own probes got through and are now lost has failed,
+// idle or not: its work goes elsewhere and nothing more is sent into it. A
+// path whose probes never got through yet (just set up, or renewed on a
+// new port) is not judged; nor are the last usable paths all at once.
+TEST(Bundle, AShadowWhoseProbesAreLostFails) {
+  Rig r;
+  std::vector<uint16_t> port;
+  const auto j = bundle_json(*r.rec);
+  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  ASSERT_EQ(port.size(), 3u);
+  // Lost before they were ever seen alive: no verdict.
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], false}, {port[1], false}, {port[2], false}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  auto paths = bundle_json(*r.rec)["paths"];
+  EXPECT_TRUE(paths[1]["down"].get<bool>());
+  EXPECT_FALSE(paths[0]["down"].get<bool>());
+  // Work goes to live paths only: the failed shadow gets none.
+  char buf[64];
+  for (uint64_t id = 1; id <= 6; id++) {
+    ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, id, buf), 0);
+    for (auto& p : g_posted) complete(p.qpn, p.wr_id);
+    r.poll();
+    for (auto& p : g_posted) EXPECT_NE(p.qpn, r.sh[1].qp_num);
+    g_posted.clear();
+  }
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[2], true}}), 0);  // unknown ports: no verdict
+}
+
 // A completion the application has not polled yet is progress: the watch
 // polls before it decides (the rank may be busy elsewhere).
 TEST(Bundle, TheStallWatchPollsBeforeItDecides) {
