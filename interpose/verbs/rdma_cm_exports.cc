@@ -9,8 +9,11 @@
 // id's channel: the QP is in the error state by then, so the connection is
 // down locally whatever the peer hears. The real DREQ still goes; a late real
 // event for an id the application has destroyed is dropped by the kernel.
-// Limits: only for an application that waits in rdma_get_cm_event (one that
-// polls the channel's fd first sees nothing ready).
+// With the NIC itself gone, the real call fails (ENXIO): then too the
+// disconnect succeeds and the event is given. Limits: only for an
+// application that waits in rdma_get_cm_event (one that polls the
+// channel's fd first sees nothing ready).
+#include <errno.h>
 #include <rdma/rdma_cma.h>
 
 #include <deque>
@@ -47,7 +50,12 @@ __attribute__((visibility("default"))) int rdma_disconnect(rdma_cm_id* id) {
   }
   const uint32_t qpn = id && id->qp ? id->qp->qp_num : 0;
   int rc = SHUNT_REAL(rdma_disconnect, "RDMACM_1.0")(id);
-  if (rc != 0 || !give) return rc;
+  if (!give) return rc;
+  // The NIC itself is gone (removed from the bus): there is nothing left to
+  // disconnect, and the job's work went on over another rail. The
+  // application gets what a disconnect gives, not the device's error.
+  if (rc != 0 && errno != ENXIO && errno != ENODEV) return rc;
+  rc = 0;
   auto* ev = new rdma_cm_event{};
   ev->id = id;
   ev->event = RDMA_CM_EVENT_DISCONNECTED;
