@@ -342,11 +342,18 @@ uint32_t random_psn() {
 // The seed mixes in the local address, so the two ends' shadows (often of
 // equal QPNs on fresh hosts) use different ports.
 uint32_t flow_label_for(uint32_t seed, int i) { return ((seed * 2654435761u >> 18) + 977u * (i + 1)) % 0x3fff + 1; }
-uint32_t label_seed(const Bundle* b) {
+uint32_t label_seed(uint32_t qpn, const ibv_gid& lgid) {
   uint32_t a;
-  memcpy(&a, b->lgid.raw + 12, 4);
-  return b->pqp->qp_num ^ (a * 2246822519u);
+  memcpy(&a, lgid.raw + 12, 4);
+  return qpn ^ (a * 2246822519u);
 }
+uint32_t label_seed(const Bundle* b) { return label_seed(b->pqp->qp_num, b->lgid); }
+
+// The UDP source port a RoCE v2 QP with flow label fl uses (the kernel's
+// rdma_flow_label_to_udp_sport; 0xC000 | fl below 0x4000).
+uint32_t sport_of(uint32_t fl) { return 0xC000 | ((fl & 0x3fff) ^ ((fl & 0xFC000) >> 14)); }
+// A path's source port, 0 where the device chose it (no flow label).
+uint32_t path_sport(const Path& p) { return p.flow_label ? sport_of(p.flow_label) : 0; }
 
 // The bundle's rails: [0] the application's NIC. Under b->mu.
 void init_rails(Bundle* b) {
@@ -744,6 +751,9 @@ void register_probe_paths(Bundle* b) {
     std::lock_guard l(b->lk);
     for (size_t k = 0; k < rail_count(b); k++) {
       json list = json::array();
+      // The application's QP too, where shunt knows its port (its flow
+      // label), until it fails (it is never renewed).
+      if (!k && path_sport(b->prim) && b->prim.qp && !b->prim.down) list.push_back(path_sport(b->prim));
       for (const auto& p : b->paths)
         if (p.rail == static_cast<int>(k)) list.push_back(0xC000 | p.flow_label);
       std::string local, peer;
@@ -1974,7 +1984,7 @@ void event_down(Bundle* b, const After& a) {
     int sport;
     {
       std::lock_guard l(b->lk);
-      sport = pi == kPrimary ? 0 : static_cast<int>(0xC000 | P(b, pi).flow_label);
+      sport = static_cast<int>(path_sport(P(b, pi)));
     }
     const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
                       : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
@@ -2553,16 +2563,19 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
     std::lock_guard l(b->lk);
     if (b->gave_up) return 0;
     std::vector<int> lost;
-    bool others = usable(b->prim) && b->prim.qp;  // the application's QP is not probed
-    for (size_t i = 0; i < b->paths.size(); i++) {
-      Path& p = b->paths[i];
-      if (p.down || !p.qp) continue;
-      auto it = stats.find({p.rail, 0xC000 | p.flow_label});
+    bool others = false;
+    // The application's QP is judged like a shadow where its port is known
+    // (shunt set its flow label) and probed.
+    auto judge = [&](Path& p, int pi) {
+      if (p.down || !p.qp) return;
+      auto it = path_sport(p) ? stats.find({p.rail, path_sport(p)}) : stats.end();
       bool known = it != stats.end();
       if (known && it->second.value("alive", false)) p.probe_alive = true;
-      if (known && !it->second.value("alive", false) && p.probe_alive) lost.push_back(static_cast<int>(i));
+      if (known && !it->second.value("alive", false) && p.probe_alive) lost.push_back(pi);
       else others |= usable(p);
-    }
+    };
+    judge(b->prim, kPrimary);
+    for (size_t i = 0; i < b->paths.size(); i++) judge(b->paths[i], static_cast<int>(i));
     // As with stalls: never the last usable paths at once (queues deep
     // enough to lose every probe, or a route they all share: nowhere to go).
     if (others)
@@ -2867,6 +2880,37 @@ json answer_carrier_commit(const json& req) {
 
 std::atomic<int> g_stash_n{0};
 
+bool bundle_label_primary(QpRecord* r, const ibv_qp_attr* attr, int mask, ibv_qp_attr* out) {
+  if (!r || r->type != IBV_QPT_RC || r->shadow_of || current_mode() != Mode::active) return false;
+  if (!(mask & IBV_QP_STATE) || attr->qp_state != IBV_QPS_RTR || !(mask & IBV_QP_AV) || !attr->ah_attr.is_global)
+    return false;
+  Bundle* b = r->bundle.load();  // made at INIT where bundles are on
+  if (!b) return false;
+  uint32_t fl = attr->ah_attr.grh.flow_label;
+  bool set = false;
+  if (!fl) {
+    ibv_gid g;
+    uint8_t port = (mask & IBV_QP_PORT) ? attr->port_num : b->port;
+    if (ibv_query_gid(r->qp->context, port, attr->ah_attr.grh.sgid_index, &g) != 0) return false;
+    fl = flow_label_for(label_seed(r->qp->qp_num, g), -1);  // the shadows' are i >= 0
+    *out = *attr;
+    out->ah_attr.grh.flow_label = fl;
+    set = true;
+  }
+  std::lock_guard m(b->mu);
+  std::lock_guard l(b->lk);
+  b->prim.flow_label = fl;
+  return set;
+}
+
+void bundle_unlabel_primary(QpRecord* r) {
+  Bundle* b = r ? r->bundle.load() : nullptr;
+  if (!b) return;
+  std::lock_guard m(b->mu);
+  std::lock_guard l(b->lk);
+  b->prim.flow_label = 0;
+}
+
 void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
   if (!r || r->type != IBV_QPT_RC || r->shadow_of || current_mode() != Mode::active) return;
   const Config& c = config();
@@ -3150,7 +3194,8 @@ json bundle_json(const QpRecord& r) {
           {"primary", {{"wrs", b->prim.wrs},
                        {"bytes", b->prim.bytes},
                        {"in_flight", b->prim.posted - b->prim.done},
-                       {"fails", b->prim.fails}}},
+                       {"fails", b->prim.fails},
+                       {"udp_sport", path_sport(b->prim) ? json(path_sport(b->prim)) : json(nullptr)}}},
           {"active", b->active.load()},
           {"paths", paths},
           {"fences", b->fences},
@@ -3252,6 +3297,7 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
     p.flow_label = flow_label_for(r->qpn, static_cast<int>(i));
     b->paths.push_back(std::move(p));
   }
+  b->prim.flow_label = flow_label_for(r->qpn, -1);  // as bundle_label_primary gives it
   {
     std::lock_guard g(g_mu);
     if (!g_bundles) g_bundles = new std::vector<Bundle*>;

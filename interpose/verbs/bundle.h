@@ -33,6 +33,14 @@ namespace shunt::verbs {
 
 // After a successful ibv_modify_qp of an application QP (active mode):
 // records what the shadows need, and at RTS starts the bundle's setup.
+// Before the application's RC QP goes to RTR in active mode (a bundle
+// made at INIT): without a flow label of its own, the QP gets one, so its
+// UDP source port is known and the host agent can probe its route like a
+// shadow's. true: *out (a copy of *attr with the label) is what to pass.
+// Either way the QP's label is kept. bundle_unlabel_primary: the real call
+// refused the copy (the application's own attr goes instead).
+bool bundle_label_primary(QpRecord* r, const ibv_qp_attr* attr, int mask, ibv_qp_attr* out);
+void bundle_unlabel_primary(QpRecord* r);
 void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask);
 // Before the real destroy of an application QP: destroys its shadows.
 void bundle_on_destroy(QpRecord* r);

@@ -164,7 +164,18 @@ __attribute__((visibility("default"))) ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_
 
 __attribute__((visibility("default"))) int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   bool act = acting();
-  int ret = SHUNT_REAL(ibv_modify_qp, "IBVERBS_1.1")(qp, attr, mask);
+  ibv_qp_attr labeled;
+  bool relabel = false;
+  if (act)
+    if (verbs::QpRecord* r = verbs::find_qp(qp)) {
+      ReentryGuard g;
+      relabel = verbs::bundle_label_primary(r, attr, mask, &labeled);
+    }
+  int ret = SHUNT_REAL(ibv_modify_qp, "IBVERBS_1.1")(qp, relabel ? &labeled : attr, mask);
+  if (relabel && ret != 0) {  // refused with shunt's label: the application's own attr, as without shunt
+    verbs::bundle_unlabel_primary(verbs::find_qp(qp));
+    ret = SHUNT_REAL(ibv_modify_qp, "IBVERBS_1.1")(qp, attr, mask);
+  }
   if (act) {
     verbs::count_call(Call::ibv_modify_qp);
     if (ret == 0)

@@ -12,7 +12,8 @@
 # ends, on both rails, renewed ones included, has a live source path in
 # `shuntctl peers`, and on the spines every shadow's (address, source
 # port) was seen probing on the spine that carried its RoCE packets and on
-# no other.
+# no other. The application's QPs too: shunt gives them a flow label, so
+# their ports are known and probed, and h1's fails by its lost probes.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -74,6 +75,19 @@ echo "h1's rail-0 shadows at setup: $first; renewed on new ports since: ${renewe
 grep -h "failed (its own probes are lost" "$TMP"/rank*.out | head -3
 grep -q "failed (its own probes are lost" "$TMP"/rank*.out || fail "no path failed for its lost probes"
 
+# The application's own QPs: shunt gave each a flow label at RTR, so its
+# source port is known and probed too (checked on the spines below), and
+# h1's failed in the fault by its lost probes, before any retransmission
+# could tell (its retry count is 7: it never fails by retries).
+for r in 0 1; do
+  prim=$(jget "$TMP/p$r.json" '" ".join(str(q["bundle"]["primary"]["udp_sport"]) for q in d["verbs"]["qps"] if "bundle" in q and q["bundle"]["paths"])')
+  echo "rank $r: application QP's source port $prim"
+  [[ $prim =~ ^[0-9]+$ ]] || fail "rank $r: the application QP's source port is not known: $prim"
+  echo "${addr[h$((r + 1))rxe0]}:$prim" >> "$TMP/all-sports"
+done
+grep "path primary failed" "$TMP/rank0.out" | head -2
+grep -q "path primary failed (its own probes are lost" "$TMP/rank0.out" || fail "h1's application QP did not fail by its lost probes"
+
 declare -A roce probe
 for s in s1 s2; do roce[$s]=" $(sport_seen $s roce) "; probe[$s]=" $(sport_seen $s probe) "; done
 checked=0
@@ -84,6 +98,9 @@ for p in $(cat "$TMP/all-sports"); do
     [[ ${probe[$s]} == *" $p "* ]] && where_probe+="$s"
   done
   echo "$p: RoCE via ${where_roce:-none}, probes via ${where_probe:-none}"
+  if grep -qx "$p" <(tail -2 "$TMP/all-sports"); then  # an application QP: it carried the job's two-sided work
+    [ -n "$where_roce" ] || fail "$p: the application QP's packets were not seen with its port"
+  fi
   [ -z "$where_roce" ] && continue  # a shadow that carried nothing yet
   [ "$where_roce" = "$where_probe" ] || fail "$p: RoCE via $where_roce but probes via ${where_probe:-none}"
   checked=$((checked + 1))

@@ -488,6 +488,33 @@ TEST(Bundle, AShadowWhoseProbesAreLostFails) {
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[2], true}}), 0);  // unknown ports: no verdict
 }
 
+// The application's own QP, its port known (shunt gave it a flow label),
+// is judged by its probes like a shadow: lost, it fails and the two-sided
+// work waits for the move to a shadow; but never with every other path
+// lost at the same time.
+TEST(Bundle, TheApplicationsQpWhoseProbesAreLostFails) {
+  Rig r;
+  const auto j = bundle_json(*r.rec);
+  ASSERT_TRUE(j["primary"]["udp_sport"].is_number());
+  const uint16_t prim = j["primary"]["udp_sport"].get<uint16_t>();
+  std::vector<std::pair<uint16_t, bool>> alive{{prim, true}}, lost{{prim, false}};
+  for (const auto& p : j["paths"]) {
+    ASSERT_NE(p["udp_sport"].get<uint16_t>(), prim);
+    alive.emplace_back(p["udp_sport"].get<uint16_t>(), true);
+    lost.emplace_back(p["udp_sport"].get<uint16_t>(), false);
+  }
+  EXPECT_EQ(bundle_probes_for_test(r.rec, alive), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, lost), 0);  // all at once: nowhere to go, none fails
+  EXPECT_FALSE(bundle_json(*r.rec)["primary_down"].get<bool>());
+  alive[0].second = false;
+  EXPECT_EQ(bundle_probes_for_test(r.rec, alive), 1);
+  EXPECT_TRUE(bundle_json(*r.rec)["primary_down"].get<bool>());
+  char buf[64];
+  g_posted.clear();
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 9, buf), 0);
+  EXPECT_EQ(posted_on(500), 0u);  // held for the move, never posted on the failed QP
+}
+
 // A completion the application has not polled yet is progress: the watch
 // polls before it decides (the rank may be busy elsewhere).
 TEST(Bundle, TheStallWatchPollsBeforeItDecides) {
