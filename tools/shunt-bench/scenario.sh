@@ -41,6 +41,11 @@
 #   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
 #                 (default 6 and 14: rxe treats 7 retries as "forever")
 #   --out DIR     keep JSON, timelines, marks and the plot here (default ./scenario-NAME)
+#   --probes      the run with libshunt probes every path, the application's
+#                 QPs' own included: each host's first process becomes its
+#                 agent with a probe engine on the host's rail addresses
+#                 (SHUNT_PROBE_ADDRS); a path whose probes are lost fails
+#                 within SHUNT_PATH_DEAD_MS, before any retransmission
 #   --keep        leave the fabric up afterwards (shunt-fabric --name NAME down)
 # Environment: libshunt's SHUNT_* settings (not SHUNT_FABRIC_*) go to the
 # run with libshunt, e.g. SHUNT_STALL_MS=1000 shunt-bench scenario ...
@@ -53,7 +58,7 @@ if [ "$name" = contention ]; then
   exec "$(dirname "$0")/shunt-bench-contention" "$@"
 fi
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
-  *) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+  *) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
 # libshunt's settings in the caller's environment (SHUNT_*, not the
 # fabric's own SHUNT_FABRIC_*) go to the run with libshunt in the guests
 passed=()
@@ -61,7 +66,7 @@ while IFS= read -r v; do
   case $v in SHUNT_FABRIC_*) ;; SHUNT_*) passed+=("$v=${!v}") ;; esac
 done < <(compgen -e)
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
-client=alltoall pings=4000
+client=alltoall pings=4000 probes=0
 link=h1-r0 spine=s1 flap_ms=1000
 [ $name = nic-remove ] && fault_for=0
 while [ $# -gt 0 ]; do
@@ -83,6 +88,7 @@ while [ $# -gt 0 ]; do
     --qp-timeout) qpto=$2; shift ;;
     --out) out=$2; shift ;;
     --keep) keep=1 ;;
+    --probes) probes=1 ;;
     *) echo "shunt-bench-scenario: unknown option $1" >&2; exit 64 ;;
   esac
   shift
@@ -139,6 +145,14 @@ case $name in spine|two-rails) rails=3 ;; esac
 fab up --hosts "$ranks" --rails $rails --spines 2 >"$out/fabric.log" 2>&1 ||
   { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric"; exit 2; }
 boot=$(fab addr h1 r$((rails - 1))):29700
+
+# probe_env MODE HOST: what the host's run adds to its environment
+probe_env() {
+  [ "$1" = with ] && [ $probes = 1 ] || return 0
+  local k a=""
+  for ((k = 0; k < rails; k++)); do a+="${a:+,}$(fab addr "$2" r$k)"; done
+  echo "SHUNT_PROBE_ADDRS=$a"
+}
 
 # the spine's links on rails 0 and 1 (not the bootstrap's rail)
 spine_links() { fab links --json | python3 -c "import json,re,sys; print(' '.join(k for k in json.load(sys.stdin) if re.match(r'l\d+r[01]-$spine\$', k)))"; }
@@ -200,10 +214,10 @@ run_tool() {
   esac
   # bounded like the benchmark's runs: a program that hangs on a dead
   # connection ends with exit 124
-  fab exec h2 -- timeout $((duration + stall + 30)) "${env[@]}" "${args[@]}" >"$out/$mode.server.out" 2>&1 &
+  fab exec h2 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h2) "${args[@]}" >"$out/$mode.server.out" 2>&1 &
   srv=$!
   fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port '; do sleep 0.2; done"
-  fab exec h1 -- timeout $((duration + stall + 30)) "${env[@]}" "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
+  fab exec h1 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h1) "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
   cli=$!
   fault_clock "$mode" "$off" >"$out/$mode.inject.log" 2>&1 &
   injector=$!
@@ -249,7 +263,8 @@ run_one() {
         >"$out/$mode.inject.log" 2>&1 &
       injector=$!
     fi
-    fab exec h$((r + 1)) -- timeout $((duration + stall + 120)) "${env[@]}" "$bench" --rank $r "${args[@]}" "${extra[@]}" \
+    fab exec h$((r + 1)) -- timeout $((duration + stall + 120)) "${env[@]}" $(probe_env "$mode" h$((r + 1))) \
+      "$bench" --rank $r "${args[@]}" "${extra[@]}" \
       >"$out/$mode.rank$r.out" 2>&1 &
     pids+=($!)
   done
@@ -422,15 +437,19 @@ def shunt_did(j):
     else:
         return d
     fault, healed = marks.get(name), marks.get("healed")
+    # h1's events only: the marks are on h1's clock, and guests' clocks
+    # differ by up to a second (each set from its RTC at boot)
     ev = []
-    for f in sorted(os.listdir(out)):
-        if f.startswith("with.events"):
+    for f in ["with.events0.jsonl"]:
+        if os.path.exists(os.path.join(out, f)):
             for line in open(os.path.join(out, f), errors="replace"):
                 try:
                     e = json.loads(line)
                 except ValueError:
                     continue
-                ev.append((e.get("wall_ns", 0) / 1e9, e.get("event")))
+                # a bundle's path (the probe engine's own path_down names no device)
+                if "device" in e:
+                    ev.append((e.get("wall_ns", 0) / 1e9, e.get("event")))
     if fault is not None:
         downs = [t for t, e in ev if e == "path_down" and t >= fault - 0.05]
         if downs:
