@@ -10,7 +10,7 @@
 #   the other leaf, else "apart".
 #   Runs repeat (new QPNs, new ports) until both kinds were seen, or
 #   BUNDLE_BENCH_TRIES ran out.
-# - with shunt (active, 8 paths per rail), once per spread mode in
+# - with shunt (active, PATHS paths per rail, default 8), once per spread mode in
 #   BUNDLE_BENCH_SPREAD (default "split"): split cuts each message over the
 #   8 source ports at once. (pin and flowlet keep a WRITE_WITH_IMM, two-sided,
 #   on the application's QP: with one per message they spread nothing here.)
@@ -29,20 +29,22 @@ DUR=${BUNDLE_BENCH_SECONDS:-25}
 TRIES=${BUNDLE_BENCH_TRIES:-6}
 WINDOW=${BUNDLE_BENCH_WINDOW:-2}
 SPREADS=${BUNDLE_BENCH_SPREAD:-split}
+PATHS=${BUNDLE_BENCH_PATHS:-8}
+QUEUE_MS=${BUNDLE_BENCH_QUEUE_MS:-1000}
 up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2
 # A deep queue (1 s), small messages and a long ACK timeout (--qp-timeout
 # 18, about 1 s): rxe 6.1 recovers badly from drops and retransmissions
 # (go-back-N after a timeout, at worst a remote invalid request error, seen
 # with and without shunt), so the spines must queue, not drop.
 for l in 1 2; do for s in 1 2; do
-  fab fault rate "l${l}r0-s$s" "$RATE" --queue-ms 1000 >/dev/null || fail "rate l${l}r0-s$s"
+  fab fault rate "l${l}r0-s$s" "$RATE" --queue-ms "$QUEUE_MS" >/dev/null || fail "rate l${l}r0-s$s"
 done; done
 KEY=bench-$$
 
 # pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
 job() {
   local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
-  [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$with" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8
+  [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$with" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL="$PATHS"
     SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json)  # queues of up to 1 s: no path is declared dead for that
   local boot
   boot=$(fab addr "$a" r0)
@@ -93,7 +95,7 @@ for sp in $SPREADS; do
   round "$sp" > "$TMP/round"
   read -r bw s1 s2 < "$TMP/round"
   with[$sp]=$bw
-  echo "  with shunt (8 paths, $sp): $bw MB/s, spine 1 $s1 B, spine 2 $s2 B"
+  echo "  with shunt ($PATHS paths, $sp): $bw MB/s, spine 1 $s1 B, spine 2 $s2 B"
   for h in h1 h2; do  # how each job's sender spread its bytes (MB per path, by UDP source port)
     fab exec $h -- cat /tmp/bundle-bench.json 2>/dev/null | python3 -c '
 import json, sys
