@@ -22,6 +22,10 @@
 # FAILOVER_BENCH_CLIENTS="alltoall sendrecv ib_write_bw ib_send_bw
 # fi_pingpong" runs each fault under each of those programs (default
 # alltoall; the others are judged by exit status and what they print).
+# The runs with libshunt probe every path, the application's QPs' own
+# included (scenario --probes: a probe engine on each host's rails), as a
+# cluster running shunt would; FAILOVER_BENCH_PROBES=0 leaves detection to
+# completions, port events and the stall watch.
 set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
@@ -50,7 +54,8 @@ for c in "${cases[@]}"; do
   fi
   [ "$client" = alltoall ] || tag=$client:$tag
   extra=()
-  case $client in ib_*) extra=(--size 64K) ;; esac
+  [ "${FAILOVER_BENCH_PROBES:-1}" = 0 ] || extra=(--probes)
+  case $client in ib_*) extra+=(--size 64K) ;; esac
   echo "--- $tag: shunt-bench scenario $args --client $client"
   # shellcheck disable=SC2086
   "$B/bin/shunt-bench" scenario $args --client "$client" "${extra[@]}" --fault-at 8 --out "$out/$tag" > "$out/$tag.log" 2>&1
