@@ -170,6 +170,7 @@ struct Path {
   bool last_signaled = true;
   bool down = false;  // failed: not posted to until renewed; its errors never reach the application
   bool probation = false;  // renewed: used once its probe completed
+  bool renewed = false;    // renewed and not yet seen to work (its probe's completion is its path_up)
   int64_t probe_ms = 0;    // when its probe went out
   // Stall watch: the last `done` it saw, and since when it has not moved.
   uint64_t watch_done = 0;
@@ -183,6 +184,7 @@ struct Path {
   double seg_lat = 0;      // EWMA of its split segments' time from post to completion (ns); 0: none yet
   double share = 1.0;      // its weight in a split's head
   bool probe_alive = false;  // its source path's probes got through since its port was set
+  bool probe_dead = false;   // down, and its probes were seen lost since (until they come back)
   // Its forward queue, from the host agent's probes of its source port.
   bool queue_known = false, congested = false;
   double excess_ns = 0, threshold_ns = 0;
@@ -1696,6 +1698,7 @@ constexpr int kProbesLost = -5;  // the host agent's probes of its source port
 // threads: never under the spin lock).
 struct After {
   std::vector<std::pair<int, int>> down;  // (path, wc status)
+  std::vector<int> up;                    // renewed paths whose probe completed
 };
 
 // The path's WRs in flight from index `from` on go back to the front of the
@@ -2044,6 +2047,7 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   p.gen++;
   p.flow_label = flow_label_for(label_seed(b) + 7919u * p.gen, static_cast<int>(&p - b->paths.data()));
   p.probe_alive = false;  // a new port: its probes start over
+  p.probe_dead = false;
   return true;
 }
 
@@ -2085,7 +2089,8 @@ void probe(Bundle* b, int i) {
   }
 }
 
-void back_in_service(Bundle* b, int i) {
+// Returns whether it is on probation (else trusted at once: no probe).
+bool back_in_service(Bundle* b, int i) {
   std::lock_guard l(b->lk);
   Path& p = b->paths[i];
   p.posted = p.done = 0;
@@ -2095,6 +2100,8 @@ void back_in_service(Bundle* b, int i) {
   p.ns_per_byte = 0;
   p.down = false;
   probe(b, i);
+  p.renewed = p.probation;  // (a path that cannot be probed is trusted at once)
+  return p.probation;
 }
 
 // Probes every usable shadow (after a failure, the others may sit behind
@@ -2140,6 +2147,21 @@ std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms) {
   return ok;
 }
 
+// A renewed path is on probation until its probe completes: its path_up
+// comes then (event_up, from the poll path), not at the renewal, which a
+// route still dead lets through as well.
+void event_up(Bundle* b, int i);
+void event_renewed(Bundle* b, int i, bool probation) {
+  if (!probation) return event_up(b, i);  // trusted without a probe
+  uint32_t port;
+  {
+    std::lock_guard l(b->lk);
+    port = 0xC000 | b->paths[i].flow_label;
+  }
+  log::info("{} QP {}: path {} renewed on UDP source port {}, on probation", b->ctx->device, b->pqp->qp_num, i, port);
+}
+
+// Not under b->lk.
 void event_up(Bundle* b, int i) {
   uint32_t port;
   {
@@ -2182,8 +2204,7 @@ std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::strin
     Path& p = b->paths[i];
     p.remote_psn = x.value("psn", 0u) & 0xffffff;
     if (!connect_shadow(b, p, err)) continue;
-    back_in_service(b, i);
-    event_up(b, i);
+    event_renewed(b, i, back_in_service(b, i));
     done.push_back(i);
   }
   if (done.size() < reset.size() && err->empty()) *err = "the peer renewed only some: " + r->dump();
@@ -2212,8 +2233,7 @@ json answer_path_renew(const json& req) {
     Path& p = b->paths[i];
     p.remote_psn = psn;
     if (!reset_half(b, p, &err) || !connect_shadow(b, p, &err)) continue;
-    back_in_service(b, i);
-    event_up(b, i);
+    event_renewed(b, i, back_in_service(b, i));
     psns.push_back({{"path", i}, {"psn", p.psn}});
   }
   if (!psns.empty()) wake_worker(b);  // polls their probes if the application does not
@@ -2314,8 +2334,12 @@ void refresh_rkeys(Bundle* b) {
 // One thread per bundle once a path failed: moves the carrier and renews
 // failed shadows (the deciding side), or reports failures to the deciding
 // side (the other). Renewal retries back off exponentially to
-// SHUNT_PATH_RETRY_MAX_MS and never give up; a path that failed three
-// times within a minute waits the longest (damping).
+// SHUNT_PATH_RETRY_MAX_MS and never give up: a renewal that fails, or a
+// renewed path that fails before its probe came back (the route is still
+// dead), doubles the wait. A path that failed three times within a minute
+// after it had worked waits the longest (damping: a flapping path). When
+// the route comes back (a port event, or the failed path's probes get
+// through again) the wait is cut short, the damping's excepted.
 void run_worker(Bundle* b) {
   ReentryGuard guard;
   struct Exit {
@@ -2364,6 +2388,7 @@ void run_worker(Bundle* b) {
     }
     bool need_move, gave_up;
     std::vector<int> down;
+    std::vector<bool> unproven(b->paths.size(), false);  // renewed, and failed before its probe came back
     // The whole round under move_mu: bundle_on_destroy takes it before it
     // destroys the shadows, so no round touches a destroyed QP or CQ.
     std::unique_lock m(b->move_mu);
@@ -2376,7 +2401,10 @@ void run_worker(Bundle* b) {
       need_move = b->need_move;
       gave_up = b->gave_up;
       for (size_t i = 0; i < b->paths.size(); i++)
-        if (b->paths[i].down && static_cast<int>(i) != b->carrier) down.push_back(static_cast<int>(i));
+        if (b->paths[i].down && static_cast<int>(i) != b->carrier) {
+          down.push_back(static_cast<int>(i));
+          unproven[i] = b->paths[i].renewed;
+        }
     }
     if (gave_up) return;
     refresh_rkeys(b);
@@ -2431,9 +2459,15 @@ void run_worker(Bundle* b) {
     for (int i : down) {
       if (!was_down[i]) {  // a new failure: when to try again
         was_down[i] = true;
-        fails[i].push_back(now);
-        while (!fails[i].empty() && now - fails[i].front() > 60000) fails[i].pop_front();
-        due[i] = now + (fails[i].size() >= 3 ? cap : backoff[i]);
+        if (unproven[i]) {  // the route is still dead: back off further
+          due[i] = now + backoff[i];
+          backoff[i] = std::min<int64_t>(backoff[i] * 2, cap);
+        } else {  // it had worked: a failure that counts for the damping
+          backoff[i] = 100;
+          fails[i].push_back(now);
+          while (!fails[i].empty() && now - fails[i].front() > 60000) fails[i].pop_front();
+          due[i] = now + (fails[i].size() >= 3 ? cap : backoff[i]);
+        }
       }
       if (port_back && fails[i].size() < 3) due[i] = now;  // the backoff, not the damping, is cut short
       if (now >= due[i]) due_now.push_back(i);
@@ -2443,8 +2477,7 @@ void run_worker(Bundle* b) {
     std::vector<int> back = renew_paths(b, due_now, &err);
     for (int i : due_now) {
       if (std::find(back.begin(), back.end(), i) != back.end()) {
-        was_down[i] = false;
-        backoff[i] = 100;
+        was_down[i] = false;  // (its backoff is kept until its probe shows the route works)
       } else {
         backoff[i] = std::min<int64_t>(backoff[i] * 2, cap);
         due[i] = mono_ms() + backoff[i];
@@ -2576,6 +2609,17 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
     };
     judge(b->prim, kPrimary);
     for (size_t i = 0; i < b->paths.size(); i++) judge(b->paths[i], static_cast<int>(i));
+    // A failed shadow's old port is still probed: once its probes, lost
+    // since it failed, get through again, its route is back, and it is
+    // renewed without waiting out its backoff (as when a port comes up;
+    // the damping of a flapping path still holds).
+    for (auto& p : b->paths) {
+      if (!p.down) continue;
+      auto it = stats.find({p.rail, path_sport(p)});
+      if (it == stats.end()) continue;
+      if (!it->second.value("alive", false)) p.probe_dead = true;
+      else if (p.probe_dead) p.probe_dead = false, b->renew_now.store(true);
+    }
     // As with stalls: never the last usable paths at once (queues deep
     // enough to lose every probe, or a route they all share: nowhere to go).
     if (others)
@@ -3109,7 +3153,10 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
         drop = true;
       } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
         kind = p->signaled.front().kind;
-        if (kind == kProbe) p->probation = false;
+        if (kind == kProbe) {
+          p->probation = false;
+          if (p->renewed) p->renewed = false, after.up.push_back(pi);
+        }
         if (kind == kSeg && wc[i].status == IBV_WC_SUCCESS) {  // how long the path took to carry it
           double lat = static_cast<double>(now_ns() - p->signaled.front().t);
           p->seg_lat = p->seg_lat > 0 ? 0.8 * p->seg_lat + 0.2 * lat : lat;
@@ -3132,6 +3179,7 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       event_down(b, after);
       wake_worker(b);
     }
+    for (int u : after.up) event_up(b, u);
     if (pending_flush) {
       std::lock_guard l(pending_flush->lk);
       flush_held(pending_flush, c);
@@ -3371,6 +3419,8 @@ int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bo
   for (auto [port, up] : alive) st[{0, port}] = json{{"port", port}, {"alive", up}};
   return fail_silent_paths(r->bundle.load(), st);
 }
+
+bool bundle_renew_now_for_test(QpRecord* r) { return r->bundle.load()->renew_now.exchange(false); }
 
 int bundle_port_event_for_test(const std::string& device, int port, bool up) {
   return on_port_event(device, port, up, false);

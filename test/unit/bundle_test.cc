@@ -488,6 +488,26 @@ TEST(Bundle, AShadowWhoseProbesAreLostFails) {
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[2], true}}), 0);  // unknown ports: no verdict
 }
 
+// A shadow that failed keeps its port until it is renewed, and that port
+// is still probed: once its probes, lost since, get through again, the
+// route is back and the renewal does not wait out its backoff.
+TEST(Bundle, AFailedShadowIsRenewedOnceItsProbesComeBack) {
+  Rig r;
+  std::vector<uint16_t> port;
+  const auto j = bundle_json(*r.rec);
+  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  ASSERT_EQ(port.size(), 3u);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 0);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));  // still lost: the backoff holds
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_TRUE(bundle_renew_now_for_test(r.rec));  // back: renew now, once
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));
+}
+
 // The application's own QP, its port known (shunt gave it a flow label),
 // is judged by its probes like a shadow: lost, it fails and the two-sided
 // work waits for the move to a shadow; but never with every other path
