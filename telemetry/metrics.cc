@@ -65,7 +65,7 @@ void declare(Exposition& x) {
   x.family("shunt_socket_subflows", "gauge", "MPTCP subflows of a process's open sockets (0 for plain TCP).");
   x.family("shunt_bundles", "gauge", "Multipath bundles of a process, by state (up, degraded, fallback).");
   x.family("shunt_bundle_path_up", "gauge",
-           "1 while a path of a bundle is in service (path: primary for the application's QP, else the shadow's index; nic: the NIC it runs on; udp_sport: its RoCEv2 source port, 0 when the device chose it).");
+           "1 while a path of a bundle is in service (path: primary for the application's QP, else the shadow's index; nic: the NIC it runs on; udp_sport: its RoCEv2 source port, 0 when the device chose it, which shunt sets for the application's QP too where it may).");
   x.family("shunt_bundle_path_carrier", "gauge", "1 for the path of a bundle that carries its two-sided work (SENDs, receives).");
   x.family("shunt_bundle_path_tx_bytes_total", "counter", "Bytes of the application's WRs posted on a path of a bundle.");
   x.family("shunt_bundle_path_failures_total", "counter",

@@ -70,7 +70,7 @@ json bundle_paths(const json& bj) {
   const json& pr = bj["primary"];
   out.push_back({{"path", "primary"},
                  {"nic", bj.value("device", "")},
-                 {"udp_sport", 0},
+                 {"udp_sport", pr.contains("udp_sport") && pr["udp_sport"].is_number() ? pr["udp_sport"].get<uint64_t>() : 0},
                  {"up", !bj.value("primary_down", false)},
                  {"carrier", carrier == -1},
                  {"tx_bytes", pr.value("bytes", uint64_t{0})},
