@@ -2609,16 +2609,20 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
     };
     judge(b->prim, kPrimary);
     for (size_t i = 0; i < b->paths.size(); i++) judge(b->paths[i], static_cast<int>(i));
-    // A failed shadow's old port is still probed: once its probes, lost
-    // since it failed, get through again, its route is back, and it is
+    // A failed shadow's port is still probed: once its probes, lost since
+    // it failed (or since it was renewed into a dead route and before it
+    // failed again), get through again, its route is back, and it is
     // renewed without waiting out its backoff (as when a port comes up;
     // the damping of a flapping path still holds).
     for (auto& p : b->paths) {
-      if (!p.down) continue;
+      if (!p.down && !p.renewed) {  // in service
+        p.probe_dead = false;
+        continue;
+      }
       auto it = stats.find({p.rail, path_sport(p)});
       if (it == stats.end()) continue;
       if (!it->second.value("alive", false)) p.probe_dead = true;
-      else if (p.probe_dead) p.probe_dead = false, b->renew_now.store(true);
+      else if (p.probe_dead && p.down) p.probe_dead = false, b->renew_now.store(true);
     }
     // As with stalls: never the last usable paths at once (queues deep
     // enough to lose every probe, or a route they all share: nowhere to go).
@@ -3421,6 +3425,15 @@ int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bo
 }
 
 bool bundle_renew_now_for_test(QpRecord* r) { return r->bundle.load()->renew_now.exchange(false); }
+
+void bundle_back_in_service_for_test(QpRecord* r, int path) {
+  Bundle* b = r->bundle.load();
+  {
+    std::lock_guard l(b->lk);
+    b->paths[path].probe_alive = b->paths[path].probe_dead = false;  // as reset_half: its probes start over
+  }
+  back_in_service(b, path);
+}
 
 int bundle_port_event_for_test(const std::string& device, int port, bool up) {
   return on_port_event(device, port, up, false);

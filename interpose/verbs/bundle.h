@@ -102,6 +102,8 @@ int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, 
 int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive);
 // Whether a failed path is to be renewed now (its route came back), cleared.
 bool bundle_renew_now_for_test(QpRecord* r);
+// Puts a failed path back in service as a renewal does (on probation).
+void bundle_back_in_service_for_test(QpRecord* r, int path);
 // A port event as the watch thread handles it (its failover worker not
 // woken); returns the bundles touched.
 int bundle_port_event_for_test(const std::string& device, int port, bool up);

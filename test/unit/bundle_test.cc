@@ -508,6 +508,28 @@ TEST(Bundle, AFailedShadowIsRenewedOnceItsProbesComeBack) {
   EXPECT_FALSE(bundle_renew_now_for_test(r.rec));
 }
 
+// A path renewed while its route is still dead waits on probation, its
+// probes lost; the route comes back, and then the path fails (its probe
+// was stuck): its route is known to work, so it is renewed at once.
+TEST(Bundle, APathRenewedIntoADeadRouteIsRenewedAgainOnceTheRouteIsBack) {
+  Rig r;
+  std::vector<uint16_t> port;
+  const auto j = bundle_json(*r.rec);
+  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  ASSERT_EQ(port.size(), 3u);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  bundle_back_in_service_for_test(r.rec, 1);  // renewed: on probation, its probe in flight
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));  // not failed: nothing to renew
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);  // its stuck probe
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_TRUE(bundle_renew_now_for_test(r.rec));
+}
+
 // The application's own QP, its port known (shunt gave it a flow label),
 // is judged by its probes like a shadow: lost, it fails and the two-sided
 // work waits for the move to a shadow; but never with every other path
