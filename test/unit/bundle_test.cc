@@ -258,6 +258,14 @@ ibv_wc error_wc(uint32_t qpn, uint64_t wr_id, ibv_wc_status st) {
   w.status = st;
   return w;
 }
+// The rig's shadows' UDP source ports, in path order (what their probes are keyed by).
+std::vector<uint16_t> shadow_ports(const Rig& r) {
+  std::vector<uint16_t> port;
+  const auto j = bundle_json(*r.rec);
+  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  return port;
+}
+
 size_t posted_on(uint32_t qpn) {
   return std::count_if(g_posted.begin(), g_posted.end(), [&](const Posted& p) { return p.qpn == qpn; });
 }
@@ -465,9 +473,7 @@ TEST(Bundle, PathsThatAllStallAtOnceAreKeptUntilOneProgresses) {
 // new port) is not judged; nor are the last usable paths all at once.
 TEST(Bundle, AShadowWhoseProbesAreLostFails) {
   Rig r;
-  std::vector<uint16_t> port;
-  const auto j = bundle_json(*r.rec);
-  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  const std::vector<uint16_t> port = shadow_ports(r);
   ASSERT_EQ(port.size(), 3u);
   // Lost before they were ever seen alive: no verdict.
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], false}, {port[1], false}, {port[2], false}}), 0);
@@ -493,9 +499,7 @@ TEST(Bundle, AShadowWhoseProbesAreLostFails) {
 // route is back and the renewal does not wait out its backoff.
 TEST(Bundle, AFailedShadowIsRenewedOnceItsProbesComeBack) {
   Rig r;
-  std::vector<uint16_t> port;
-  const auto j = bundle_json(*r.rec);
-  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  const std::vector<uint16_t> port = shadow_ports(r);
   ASSERT_EQ(port.size(), 3u);
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
@@ -513,9 +517,7 @@ TEST(Bundle, AFailedShadowIsRenewedOnceItsProbesComeBack) {
 // was stuck): its route is known to work, so it is renewed at once.
 TEST(Bundle, APathRenewedIntoADeadRouteIsRenewedAgainOnceTheRouteIsBack) {
   Rig r;
-  std::vector<uint16_t> port;
-  const auto j = bundle_json(*r.rec);
-  for (const auto& p : j["paths"]) port.push_back(p["udp_sport"].get<uint16_t>());
+  const std::vector<uint16_t> port = shadow_ports(r);
   ASSERT_EQ(port.size(), 3u);
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
