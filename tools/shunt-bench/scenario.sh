@@ -13,14 +13,19 @@
 #                 uplink re-routes); port-down: h1's rail-0 port (carrier);
 #                 flap: LINK down and up every --flap-ms; blackhole: LINK
 #                 drops everything; spine: every link of --spine on rails 0
-#                 and 1 drops everything; two-rails: h1's leaves on rails 0 and 1 lose
-#                 their uplinks to s1 at once; cascade: h1's rail-0 leaf
-#                 loses its uplink to s1, and 0.7 s later (a failover under
-#                 way) the one to s2; nic-remove: h1's rail-0 NIC falls off
-#                 the bus (for good)
+#                 and 1 drops everything; two-rails: h1's leaves on rails 0
+#                 and 1 lose their uplinks to --spine at once; cascade: h1's
+#                 rail-0 leaf loses its uplink to --spine, and 0.7 s later
+#                 (a failover under way) the one to the other spine;
+#                 nic-remove: h1's rail-0 NIC falls off the bus (for good)
 #   --link L      the link to fault (default h1-r0, h1's own link on rail 0;
 #                 e.g. l1r0-s1, its leaf's uplink to spine s1)
-#   --spine S     the spine for `spine` (default s1)
+#   --spine S     the spine for spine, two-rails and cascade: s1, s2, or
+#                 busy (default): in each run, the spine that carried most
+#                 of h1's rail-0 bytes in the second before the fault, so
+#                 the fault hits the route of a run without libshunt (its
+#                 QP's port hashes to one spine; a fault on the other one
+#                 would miss it)
 #   --flap-ms MS  a down+up cycle of `flap` (default 1000)
 #   --client C    alltoall (default) or sendrecv: shunt-bench with that
 #                 pattern (-c 1); ib_write_bw, ib_send_bw (perftest, h1 to
@@ -45,7 +50,10 @@
 #                 QPs' own included: each host's first process becomes its
 #                 agent with a probe engine on the host's rail addresses
 #                 (SHUNT_PROBE_ADDRS); a path whose probes are lost fails
-#                 within SHUNT_PATH_DEAD_MS, before any retransmission
+#                 within SHUNT_PATH_DEAD_MS, before any retransmission;
+#                 the fabric's ECMP then hashes on addresses and source
+#                 port (shunt-fabric up --ecmp-hash sport), so a probe takes
+#                 the route of the QP whose source port it leaves from
 #   --keep        leave the fabric up afterwards (shunt-fabric --name NAME down)
 # Environment: libshunt's SHUNT_* settings (not SHUNT_FABRIC_*) go to the
 # run with libshunt, e.g. SHUNT_STALL_MS=1000 shunt-bench scenario ...
@@ -67,7 +75,7 @@ while IFS= read -r v; do
 done < <(compgen -e)
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
 client=alltoall pings=4000 probes=0
-link=h1-r0 spine=s1 flap_ms=1000
+link=h1-r0 spine=busy flap_ms=1000
 [ $name = nic-remove ] && fault_for=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -94,6 +102,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+case $spine in s[0-9]*|busy) ;; *) echo "shunt-bench-scenario: --spine: s1, s2, ... or busy, not $spine" >&2; exit 64 ;; esac
 case $client in
   alltoall|sendrecv) ;;
   ib_write_bw|ib_send_bw|fi_pingpong) ranks=2 transport=verbs ;;
@@ -124,9 +133,9 @@ trap 'exit 130' INT TERM
 case $name in
   port-down) where="h1's port on rail 0" ;;
   nic-remove) where="h1's NIC on rail 0" ;;
-  spine) where="every link of $spine on rails 0 and 1" ;;
-  two-rails) where="l1r0-s1 and l1r1-s1" ;;
-  cascade) where="l1r0-s1, then l1r0-s2" ;;
+  spine) where="every link of spine $spine on rails 0 and 1" ;;
+  two-rails) where="l1r0-$spine and l1r1-$spine" ;;
+  cascade) where="l1r0-$spine, then h1's rail-0 uplink to the other spine" ;;
   flap) where="$link every ${flap_ms} ms" ;;
   *) where=$link ;;
 esac
@@ -142,7 +151,14 @@ echo "scenario $name: $what," \
 # also hits rail 1 (a TCP stall there would stall both runs alike).
 rails=2
 case $name in spine|two-rails) rails=3 ;; esac
-fab up --hosts "$ranks" --rails $rails --spines 2 >"$out/fabric.log" 2>&1 ||
+# Probes follow a QP's route only where ECMP ignores the destination port
+# (they go to the peer's probe port, the QP's packets to 4791): with
+# --probes the fabric's routers hash on addresses and source port, in both
+# runs alike (for RoCE, whose destination port never varies, the spread of
+# flows over the spines is the same either way).
+hashing=()
+[ $probes = 1 ] && hashing=(--ecmp-hash sport)
+fab up --hosts "$ranks" --rails $rails --spines 2 "${hashing[@]}" >"$out/fabric.log" 2>&1 ||
   { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric"; exit 2; }
 boot=$(fab addr h1 r$((rails - 1))):29700
 
@@ -154,11 +170,37 @@ probe_env() {
   echo "SHUNT_PROBE_ADDRS=$a"
 }
 
+# the spine a run's fault is on: --spine, or the busy one picked for the run
+spine_file=$out/spine.now
+faulted_spine() { cat "$spine_file" 2>/dev/null || echo s1; }
+other_spine() { [ "$(faulted_spine)" = s1 ] && echo s2 || echo s1; }
+# pick_spine: --spine busy waits a second and picks the spine whose uplinks
+# from h1's rail-0 leaf carried the most bytes meanwhile (both directions)
+pick_spine() {
+  case $name in spine|two-rails|cascade) ;; *) return 0 ;; esac
+  [ "$spine" != busy ] && { echo "$spine" >"$spine_file"; return 0; }
+  local a b
+  a=$(fab counters --json); sleep 1; b=$(fab counters --json)
+  python3 -c '
+import json, re, sys
+a, b = json.loads(sys.argv[1])["links"], json.loads(sys.argv[2])["links"]
+d = {}
+for k, v in b.items():
+    m = re.fullmatch(r"l1r0-(s\d+)", k)
+    if m and v and a.get(k):
+        d[m.group(1)] = v["up_bytes"] + v["down_bytes"] - a[k]["up_bytes"] - a[k]["down_bytes"]
+print(max(sorted(d), key=lambda s: d[s]) if d else "s1")
+print("bytes in the second before the fault, h1 rail-0 leaf to each spine:", d, file=sys.stderr)
+' "$a" "$b" >"$spine_file"
+  echo "fault on spine $(faulted_spine)"
+}
+
 # the spine's links on rails 0 and 1 (not the bootstrap's rail)
-spine_links() { fab links --json | python3 -c "import json,re,sys; print(' '.join(k for k in json.load(sys.stdin) if re.match(r'l\d+r[01]-$spine\$', k)))"; }
+spine_links() { fab links --json | python3 -c "import json,re,sys; print(' '.join(k for k in json.load(sys.stdin) if re.match(r'l\d+r[01]-$(faulted_spine)\$', k)))"; }
 
 inject() {
-  local l
+  local l s o
+  s=$(faulted_spine) o=$(other_spine)
   case $name:$1 in
     link-down:on) fab fault link-down "$link" ;;
     link-down:off) fab fault link-up "$link" ;;
@@ -170,10 +212,10 @@ inject() {
     flap:off) wait; fab fault link-up "$link" ;;
     spine:on) for l in $(spine_links); do fab fault blackhole "$l"; done ;;
     spine:off) for l in $(spine_links); do fab fault unblackhole "$l"; done ;;
-    two-rails:on) fab fault blackhole l1r0-s1; fab fault blackhole l1r1-s1 ;;
-    two-rails:off) fab fault unblackhole l1r0-s1; fab fault unblackhole l1r1-s1 ;;
-    cascade:on) fab fault blackhole l1r0-s1; sleep 0.7; fab fault blackhole l1r0-s2 ;;
-    cascade:off) fab fault unblackhole l1r0-s1; fab fault unblackhole l1r0-s2 ;;
+    two-rails:on) fab fault blackhole "l1r0-$s"; fab fault blackhole "l1r1-$s" ;;
+    two-rails:off) fab fault unblackhole "l1r0-$s"; fab fault unblackhole "l1r1-$s" ;;
+    cascade:on) fab fault blackhole "l1r0-$s"; sleep 0.7; fab fault blackhole "l1r0-$o" ;;
+    cascade:off) fab fault unblackhole "l1r0-$s"; fab fault unblackhole "l1r0-$o" ;;
     nic-remove:on) fab fault nic-remove h1 r0 ;;
     nic-remove:off) ;;
   esac
@@ -189,7 +231,11 @@ clock_offset() {
 # the fault's marks (guest epochs): from when the workload starts
 fault_clock() {  # MODE OFFSET
   local marks=$out/$1.marks
-  sleep "$fault_at"
+  case $spine:$name in
+    busy:spine|busy:two-rails|busy:cascade)  # the pick takes the last second
+      sleep "$(python3 -c "print(max(0.0, $fault_at - 1))")"; pick_spine ;;
+    *) sleep "$fault_at"; pick_spine ;;
+  esac
   echo "@$(python3 -c "import time; print(time.time() + $2)"):$name" >>"$marks"; inject on
   if [ "$fault_for" != 0 ]; then
     sleep "$fault_for"
@@ -219,10 +265,13 @@ run_tool() {
   fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port '; do sleep 0.2; done"
   fab exec h1 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h1) "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
   cli=$!
+  local t0
+  t0=$(date +%s.%N)
   fault_clock "$mode" "$off" >"$out/$mode.inject.log" 2>&1 &
   injector=$!
   local rc=0
   wait "$cli" || rc=$?
+  python3 -c "import time; print(round(time.time() - $t0, 1))" >"$out/$mode.ran"
   wait "$srv" || { [ $rc = 0 ] && rc=$?; }
   wait "$injector" 2>/dev/null; injector=
   echo "$rc" >"$out/$mode.rc"
@@ -294,14 +343,16 @@ PY
 
 for mode in without with; do
   echo "--- run $mode libshunt"
+  rm -f "$spine_file"
   case $client in
     alltoall|sendrecv) run_one $mode ;;
     *) run_tool $mode ;;
   esac
   inject off >/dev/null 2>&1  # healed whatever happened
+  [ -e "$spine_file" ] && mv "$spine_file" "$out/$mode.spine"
   if [ $name = nic-remove ] && [ $mode = without ]; then  # for good: a fresh fabric for the next run
     fab down >/dev/null 2>&1
-    fab up --hosts "$ranks" --rails $rails --spines 2 >"$out/fabric.log" 2>&1 ||
+    fab up --hosts "$ranks" --rails $rails --spines 2 "${hashing[@]}" >"$out/fabric.log" 2>&1 ||
       { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric again"; exit 2; }
   fi
   sleep 2
@@ -355,6 +406,14 @@ def load(mode):
     if tool:
         errs, r["result"] = tool_result(mode)
         r["errors"] = len(errs)
+        try:  # the client's wall time: a healed fault the program rode out shows as a stall
+            r["ran"] = float(open(f"{out}/{mode}.ran").read())
+        except (OSError, ValueError):
+            r["ran"] = None
+    try:
+        r["spine"] = open(f"{out}/{mode}.spine").read().strip()
+    except OSError:
+        r["spine"] = None
     # a transport's own error says more than a bootstrap that saw its peer go
     own = [e for e in errs if "bootstrap:" not in e]
     r["err"] = (own or errs or [""])[0]
@@ -449,15 +508,23 @@ def shunt_did(j):
                     continue
                 # a bundle's path (the probe engine's own path_down names no device)
                 if "device" in e:
-                    ev.append((e.get("wall_ns", 0) / 1e9, e.get("event")))
+                    ev.append((e.get("wall_ns", 0) / 1e9, e.get("event"), (e.get("qpn"), e.get("path"))))
     if fault is not None:
-        downs = [t for t, e in ev if e == "path_down" and t >= fault - 0.05]
+        downs = [t for t, e, _ in ev if e == "path_down" and t >= fault - 0.05]
         if downs:
             d["detect"] = min(downs) - fault
     if healed is not None:
-        ups = [t for t, e in ev if e == "path_up" and t >= healed]
+        ups = [t for t, e, _ in ev if e == "path_up" and t >= healed]
+        # the shadows still down when the fault was healed (the
+        # application's own QP, path -1, is never renewed)
+        state = {}
+        for t, e, k in sorted(ev, key=lambda x: x[0]):
+            if t < healed and e in ("path_down", "path_up") and k[1] != -1:
+                state[k] = e
         if ups:
             d["failback"] = max(ups) - healed
+        elif not any(e == "path_down" for e in state.values()):
+            d["failback"] = "none needed (every path back before healing)"
     return d
 
 runs = [load("without"), load("with")]
@@ -469,9 +536,12 @@ for r in runs:
     p = phases(j) if j and "timeline" in j else {}
     col = {}
     col["exit status"] = r["rc"]
+    if r["spine"]:
+        col["fault on spine"] = r["spine"]
     if tool:
         col["errors seen by the app"] = str(r["errors"])
         col["result"] = r["result"] or "none printed"
+        col["client ran for"] = fmt(r["ran"], " s", 1)
     elif j:
         col["errors seen by the app"] = str(j["errors"])
         col["bytes wrong"] = "-" if j["wrong_total"] is None else str(j["wrong_total"])
@@ -499,14 +569,15 @@ for r in runs:
         d = shunt_did(j)
         col["path down after"] = fmt(d["detect"], " s", 2)
         col["bytes replayed"] = "-" if d["replayed"] is None else str(d["replayed"])
-        col["failback after healing"] = fmt(d["failback"], " s", 1)
+        fb = d["failback"]
+        col["failback after healing"] = fb if isinstance(fb, str) else fmt(fb, " s", 1)
     else:
         col["path down after"] = col["bytes replayed"] = col["failback after healing"] = "-"
     rows.append(col)
 print()
 print(f"{'scenario ' + name:<26} {'without libshunt':<34} {'with libshunt':<34}")
-for k in rows[0]:
-    print(f"{k:<26} {rows[0][k]:<34} {rows[1][k]:<34}")
+for k in dict.fromkeys(list(rows[0]) + list(rows[1])):
+    print(f"{k:<26} {rows[0].get(k, '-'):<34} {rows[1].get(k, '-'):<34}")
 if os.path.exists(f"{out}/{name}.png"):
     print(f"{'plot':<26} {out}/{name}.png")
 for r in runs:
