@@ -68,10 +68,11 @@ fi
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
   *) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
 # libshunt's settings in the caller's environment (SHUNT_*, not the
-# fabric's own SHUNT_FABRIC_*) go to the run with libshunt in the guests
+# fabric's own SHUNT_FABRIC_* nor the tools' SHUNT_BENCH*, SHUNT_ROOT) go
+# to the run with libshunt in the guests (libshunt warns of unknown ones)
 passed=()
 while IFS= read -r v; do
-  case $v in SHUNT_FABRIC_*) ;; SHUNT_*) passed+=("$v=${!v}") ;; esac
+  case $v in SHUNT_FABRIC_*|SHUNT_BENCH|SHUNT_BENCH_*|SHUNT_ROOT) ;; SHUNT_*) passed+=("$v=${!v}") ;; esac
 done < <(compgen -e)
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
 client=alltoall pings=4000 probes=0
