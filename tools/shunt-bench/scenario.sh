@@ -131,12 +131,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+spine_is=$spine
+[ "$spine" = busy ] && spine_is="busy (the one h1's rail-0 traffic crossed just before)"
 case $name in
   port-down) where="h1's port on rail 0" ;;
   nic-remove) where="h1's NIC on rail 0" ;;
-  spine) where="every link of spine $spine on rails 0 and 1" ;;
-  two-rails) where="l1r0-$spine and l1r1-$spine" ;;
-  cascade) where="l1r0-$spine, then h1's rail-0 uplink to the other spine" ;;
+  spine) where="every link of spine $spine_is on rails 0 and 1" ;;
+  two-rails) where="h1's leaves' uplinks to spine $spine_is on rails 0 and 1" ;;
+  cascade) where="h1's rail-0 uplink to spine $spine_is, then to the other spine" ;;
   flap) where="$link every ${flap_ms} ms" ;;
   *) where=$link ;;
 esac
