@@ -2550,11 +2550,15 @@ bool stall_watched(const Bundle* b, int pi, int64_t stall_ms) {
 // retx_ms(rail): when the port of that rail of b last retransmitted.
 // *others: whether some usable path is not stalled (idle, or
 // progressing), so that failing them leaves the bundle somewhere to go.
+// *quiet: whether some path's work has not progressed for a while (a
+// quarter second, or stall_ms if shorter), judged or not: its completions,
+// errors included, may wait in a CQ that nobody polls (an application that
+// is idle on this QP), so the watch polls for it.
 using RetxFn = std::function<int64_t(int)>;
 std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
-                               bool* others = nullptr) {
+                               bool* others = nullptr, bool* quiet = nullptr) {
   std::vector<int> out;
-  bool other = false;
+  bool other = false, q = false;
   auto look = [&](Path& p, int pi) {
     if (p.down || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
@@ -2563,6 +2567,7 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
       other |= !p.probation;
       return;
     }
+    q |= now - p.watch_ms >= std::min<int64_t>(stall_ms, 250);
     if (now - p.watch_ms < stall_ms) other |= !p.probation;
     else if (p.renewed) out.push_back(pi);  // its probe neither completed nor failed: try another port
     else if (retx_ms(p.rail) < p.watch_ms) other |= !p.probation;
@@ -2571,6 +2576,7 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
   if (others) *others = other;
+  if (quiet) *quiet = q;
   return out;
 }
 
@@ -2587,9 +2593,11 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
     std::lock_guard l(b->lk);
-    if (!b->active.load() || b->gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
+    if (!b->active.load() || b->gave_up) return 0;
+    bool quiet = false;
+    if (stalled_paths(b, now, stall_ms, retx_ms, nullptr, &quiet).empty() && !quiet) return 0;
   }
-  drain(b);
+  drain(b);  // what completed (or failed) is progress, or an error that fails its path
   After a;
   size_t stalled = 0;
   bool first = false;
