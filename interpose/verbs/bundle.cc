@@ -1693,7 +1693,6 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
 constexpr int kStalled = -3;   // the stall watch
 constexpr int kPortDown = -4;  // a port or device event
 constexpr int kProbesLost = -5;  // the host agent's probes of its source port
-constexpr int kProbeUnanswered = -6;  // a renewed path's own probe: no answer within the stall time
 
 // What the poll path decided under the lock, done after it (events,
 // threads: never under the spin lock).
@@ -1994,7 +1993,6 @@ void event_down(Bundle* b, const After& a) {
                       : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
                       : st == kPortDown ? "its port went down: async event"
                       : st == kProbesLost ? "its own probes are lost: silent loss on its route"
-                      : st == kProbeUnanswered ? "renewed, its probe got no answer"
                                          : "the peer saw it fail";
     log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
               pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
@@ -2006,7 +2004,6 @@ void event_down(Bundle* b, const After& a) {
                                               : st == kStalled   ? "stalled"
                                               : st == kPortDown ? "port_down"
                                               : st == kProbesLost ? "probes_lost"
-                                              : st == kProbeUnanswered ? "probe_unanswered"
                                                                  : "peer"}});
   }
 }
@@ -2550,11 +2547,11 @@ bool stall_watched(const Bundle* b, int pi, int64_t stall_ms) {
 // retx_ms(rail): when the port of that rail of b last retransmitted.
 // *others: whether some usable path is not stalled (idle, or
 // progressing), so that failing them leaves the bundle somewhere to go.
+using RetxFn = std::function<int64_t(int)>;
 // *quiet: whether some path's work has not progressed for a while (a
 // quarter second, or stall_ms if shorter), judged or not: its completions,
 // errors included, may wait in a CQ that nobody polls (an application that
 // is idle on this QP), so the watch polls for it.
-using RetxFn = std::function<int64_t(int)>;
 std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
                                bool* others = nullptr, bool* quiet = nullptr) {
   std::vector<int> out;
@@ -2607,7 +2604,7 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
     std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, &others);
     stalled = s.size();
     if (others) {
-      for (int pi : s) path_failed(b, pi, P(b, pi).renewed ? kProbeUnanswered : kStalled, &a);
+      for (int pi : s) path_failed(b, pi, kStalled, &a);
       flush_held(b, b->ctx);
     }
     bool all = !others && stalled;
