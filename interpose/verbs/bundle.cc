@@ -2094,7 +2094,6 @@ bool back_in_service(Bundle* b, int i) {
   std::lock_guard l(b->lk);
   Path& p = b->paths[i];
   p.posted = p.done = 0;
-  p.watch_ms = 0;  // the stall watch's clock starts again at its next look
   p.signaled.clear();
   p.infl.clear();
   p.flow_bytes = 0;
@@ -2516,46 +2515,16 @@ std::vector<Bundle*> all_bundles() {
 // last known completion has not moved for SHUNT_STALL_MS, while its port
 // retransmitted in that time, has failed like any other: its work moves.
 
-// How long a QP's own retries take to report a dead route with an error
-// completion, in ms; -1: never (retry count 7, which rxe retries without
-// end, or ACK timeout 0, which waits forever).
-int64_t retry_budget_ms(uint8_t timeout, uint8_t retry_cnt) {
-  if (retry_cnt >= 7 || timeout == 0) return -1;
-  return static_cast<int64_t>(4.096e-3 * static_cast<double>(1ull << std::min<int>(timeout, 31)) * (retry_cnt + 1));
-}
-
-// Whether the stall watch judges path pi: only where the QP's own retries
-// would report a dead route later than the watch (the application's QP, an
-// rdma_cm QP's ~2 s ACK timeout, retry count 7). A shadow gives up within
-// about SHUNT_PATH_DEAD_MS and fails by its error completion; a stall of
-// its own is a wait on something else (a receiver not ready, a queue, a
-// peer that is slow), which another path would not cure.
-bool stall_watched(const Bundle* b, int pi, int64_t stall_ms) {
-  if (!b->have_rts) return true;  // its retries are not known
-  ibv_qp_attr a = b->rts;
-  if (pi != kPrimary) shadow_timeouts(b, &a);
-  const int64_t budget = retry_budget_ms(a.timeout, a.retry_cnt);
-  return budget < 0 || budget >= stall_ms;
-}
-
 // The paths of b whose work has not progressed since `stall_ms` ago, with
-// a retransmission on the port since they last progressed, and whose own
-// retries would not report it sooner (stall_watched); and renewed paths
-// whose probe got no answer at all in that time (on probation, unused: it
-// is renewed again, its wait doubled, as a renewal into a dead route).
-// Under b->lk.
+// a retransmission on the port since they last progressed. Under b->lk.
 // retx_ms(rail): when the port of that rail of b last retransmitted.
-// *others: whether some usable path is not stalled (idle, or
+// *others: whether some usable path is not among them (idle, or
 // progressing), so that failing them leaves the bundle somewhere to go.
 using RetxFn = std::function<int64_t(int)>;
-// *quiet: whether some path's work has not progressed for a while (a
-// quarter second, or stall_ms if shorter), judged or not: its completions,
-// errors included, may wait in a CQ that nobody polls (an application that
-// is idle on this QP), so the watch polls for it.
 std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
-                               bool* others = nullptr, bool* quiet = nullptr) {
+                               bool* others = nullptr) {
   std::vector<int> out;
-  bool other = false, q = false;
+  bool other = false;
   auto look = [&](Path& p, int pi) {
     if (p.down || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
@@ -2564,16 +2533,12 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
       other |= !p.probation;
       return;
     }
-    q |= now - p.watch_ms >= std::min<int64_t>(stall_ms, 250);
-    if (now - p.watch_ms < stall_ms) other |= !p.probation;
-    else if (p.renewed) out.push_back(pi);  // its probe neither completed nor failed: try another port
-    else if (retx_ms(p.rail) < p.watch_ms) other |= !p.probation;
-    else if (stall_watched(b, pi, stall_ms)) out.push_back(pi);
+    if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) out.push_back(pi);
+    else other |= !p.probation;
   };
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
   if (others) *others = other;
-  if (quiet) *quiet = q;
   return out;
 }
 
@@ -2590,11 +2555,9 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
     std::lock_guard l(b->lk);
-    if (!b->active.load() || b->gave_up) return 0;
-    bool quiet = false;
-    if (stalled_paths(b, now, stall_ms, retx_ms, nullptr, &quiet).empty() && !quiet) return 0;
+    if (!b->active.load() || b->gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
   }
-  drain(b);  // what completed (or failed) is progress, or an error that fails its path
+  drain(b);
   After a;
   size_t stalled = 0;
   bool first = false;
@@ -3453,14 +3416,6 @@ int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, 
   Bundle* b = r->bundle.load();
   std::lock_guard m(b->mu);
   return check_stalls(b, now_ms, stall_ms, [=](int) { return retx_ms; });
-}
-
-void bundle_rts_for_test(QpRecord* r, uint8_t timeout, uint8_t retry_cnt) {
-  Bundle* b = r->bundle.load();
-  std::lock_guard m(b->mu);
-  b->rts.timeout = timeout;
-  b->rts.retry_cnt = retry_cnt;
-  b->have_rts = true;
 }
 
 int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive) {

@@ -97,9 +97,6 @@ bool bundle_probation_for_test(QpRecord* r, int path);
 // One look of the stall watch at the bundle, at time now_ms, with the port's
 // last retransmission at retx_ms; returns how many paths it failed.
 int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms);
-// The application's RTS attributes, as its ibv_modify_qp would give them
-// (the shadows' retries follow from them).
-void bundle_rts_for_test(QpRecord* r, uint8_t timeout, uint8_t retry_cnt);
 // What the host agent's probes say of the shadows' source ports on the
 // bundle's own NIC ((port, alive) pairs): fails those whose probes are lost.
 int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive);

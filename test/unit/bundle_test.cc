@@ -438,64 +438,6 @@ TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
   EXPECT_EQ(wc[0].qp_num, 500u);
 }
 
-// The watch judges only paths whose own retries would report a dead route
-// later than it: the application's QP (here retry count 7, which rxe
-// retries without end), not a shadow (retry count 3, ACK timeout exponent
-// 14: about 270 ms), whose error completion comes first.
-TEST(Bundle, TheStallWatchLeavesAShadowToItsOwnRetries) {
-  Rig r;
-  bundle_rts_for_test(r.rec, 18, 7);
-  char buf[64];
-  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 1, buf), 0);  // two-sided: on the application's QP
-  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 2, buf), 0);  // one-sided: on a shadow
-  ASSERT_EQ(g_posted.size(), 2u);
-  ASSERT_EQ(g_posted[0].qpn, 500u);
-  ASSERT_NE(g_posted[1].qpn, 500u);
-  const uint32_t shadow = g_posted[1].qpn;
-  g_posted.clear();
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
-  // Both stuck for 2.6 s while the port retransmitted: only the application's QP fails.
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);
-  auto j = bundle_json(*r.rec);
-  EXPECT_TRUE(j["primary_down"].get<bool>());
-  for (const auto& p : j["paths"]) EXPECT_FALSE(p["down"].get<bool>()) << p.dump();
-  // The shadow's retries ran out; the application, idle on this QP, polls
-  // nothing: the watch polls once its work is quiet, and it fails by its error.
-  g_cq.push_back(error_wc(shadow, 2, IBV_WC_RETRY_EXC_ERR));
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3700, 2000, 3650), 0);
-  j = bundle_json(*r.rec);
-  int down = 0;
-  for (const auto& p : j["paths"]) down += p["down"].get<bool>();
-  EXPECT_EQ(down, 1);
-  EXPECT_TRUE(g_cq.empty());
-}
-
-// A renewed shadow whose probe gets no answer at all (neither completion
-// nor error) fails again after the stall time, retransmissions or not;
-// the time counts from the renewal, not from the watch's last look before.
-TEST(Bundle, ARenewedPathWhoseProbeIsNeverAnsweredFailsAgain) {
-  Rig r;
-  bundle_rts_for_test(r.rec, 18, 7);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // every path idle
-  bundle_back_in_service_for_test(r.rec, 1);  // renewed: on probation, its probe in flight
-  ASSERT_TRUE(bundle_probation_for_test(r.rec, 1));
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3500, 2000, -1), 0);  // just renewed
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5000, 2000, -1), 0);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5600, 2000, -1), 1);
-  EXPECT_TRUE(bundle_json(*r.rec)["paths"][1]["down"].get<bool>());
-}
-
-// A watch shorter than a shadow's own retries judges it too.
-TEST(Bundle, AStallWatchShorterThanAShadowsRetriesJudgesIt) {
-  Rig r;
-  bundle_rts_for_test(r.rec, 18, 7);
-  char buf[64];
-  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
-  ASSERT_NE(g_posted[0].qpn, 500u);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 200, -1), 0);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1300, 200, 1250), 1);
-}
-
 // Every usable path stalled at once (queues that hold packets for seconds,
 // or a route they all share): failing them would leave nowhere to go, so
 // none fails; once one path completes again, the ones still stuck fail and
