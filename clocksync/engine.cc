@@ -947,6 +947,17 @@ std::vector<PeerReport> ProbeEngine::report() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::vector<bool>>> ProbeEngine::rails_alive() const {
+  std::lock_guard lk(mu_);
+  std::vector<std::pair<std::string, std::vector<bool>>> out;
+  for (auto& p : peers_) {
+    std::vector<bool> alive;
+    for (auto& ps : p->paths) alive.push_back(ps.view.alive());
+    out.emplace_back(p->name, std::move(alive));
+  }
+  return out;
+}
+
 std::optional<PeerClock> ProbeEngine::clock(std::string_view peer) const {
   std::lock_guard lk(mu_);
   for (auto& p : peers_)

@@ -170,6 +170,10 @@ class ProbeEngine {
   void on_source_path_change(std::function<void(const PathEvent&)> cb);
 
   std::vector<PeerReport> report() const;
+  // Each peer's name and whether each rail path to it is alive: what
+  // report() says of liveness without computing every path's delay
+  // quantiles (for those who look often).
+  std::vector<std::pair<std::string, std::vector<bool>>> rails_alive() const;
   std::optional<PeerClock> clock(std::string_view peer) const;
   std::optional<PathStats> path(std::string_view peer, int rail) const;
   EngineCounters counters() const;
