@@ -29,6 +29,7 @@ struct alignas(64) ShmHeader {
   std::atomic<uint32_t> count;
   uint64_t self_id;
   char self_name[kShmNameLen];
+  std::atomic<uint64_t> paths_gen;
   ShmEntry entries[];
 };
 
@@ -96,6 +97,10 @@ bool ClockPublisher::publish(int slot, const PublishedClock& c) {
   return true;
 }
 
+void ClockPublisher::bump_paths_gen() {
+  if (hdr_) hdr_->paths_gen.fetch_add(1, std::memory_order_release);
+}
+
 void ClockPublisher::close(bool unlink) {
   if (hdr_) munmap(hdr_, size_);
   if (hdr_ && unlink) shm_unlink(name_.c_str());
@@ -127,9 +132,21 @@ bool ClockReader::open(const std::string& name, std::string* err) {
     if (err) *err = name + ": not a shunt clock segment (or an incompatible version)";
     return false;
   }
+  if (hdr_) munmap(const_cast<ShmHeader*>(hdr_), size_);
   hdr_ = h;
   size_ = size_t(st.st_size);
+  ino_ = uint64_t(st.st_ino);
   return true;
+}
+
+uint64_t ClockReader::paths_gen() const { return hdr_ ? hdr_->paths_gen.load(std::memory_order_acquire) : 0; }
+
+bool ClockReader::replaced(const std::string& name) const {
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  struct stat st;
+  bool same = fd >= 0 && fstat(fd, &st) == 0 && uint64_t(st.st_ino) == ino_;
+  if (fd >= 0) ::close(fd);
+  return !same;
 }
 
 int ClockReader::count() const { return hdr_ ? int(hdr_->count.load(std::memory_order_acquire)) : 0; }

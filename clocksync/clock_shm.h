@@ -5,6 +5,8 @@
 // seqlock: the writer makes the sequence odd, writes, makes it even; a reader
 // retries while it is odd or changed under it. Fields are relaxed atomics so
 // the protocol is also clean under TSan. Nothing here ever sets a clock.
+// The header also counts the engine's source paths' liveness changes, so a
+// process watching some of them asks the engine only when one changed.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -15,7 +17,7 @@
 namespace shunt::clocksync {
 
 inline constexpr uint32_t kShmMagic = 0x5348434b;  // "SHCK"
-inline constexpr uint32_t kShmVersion = 1;
+inline constexpr uint32_t kShmVersion = 2;
 inline constexpr int kShmNameLen = 32;
 
 struct PublishedClock {
@@ -47,6 +49,8 @@ class ClockPublisher {
             std::string* err);
   // Writes entry `slot` (0..capacity-1); slots at or past count() extend it.
   bool publish(int slot, const PublishedClock& c);
+  // A source path turned alive or dead (after its state changed).
+  void bump_paths_gen();
   void close(bool unlink);
   bool is_open() const { return hdr_ != nullptr; }
 
@@ -67,10 +71,16 @@ class ClockReader {
   std::optional<PublishedClock> read(int slot) const;
   std::optional<PublishedClock> find(std::string_view peer_name) const;
   uint64_t self_id() const;
+  // How many source path liveness changes the engine has published.
+  uint64_t paths_gen() const;
+  // Whether the name now names another segment than the one mapped (the
+  // engine's process ended and another one's engine made it anew).
+  bool replaced(const std::string& name) const;
 
  private:
   const ShmHeader* hdr_ = nullptr;
   size_t size_ = 0;
+  uint64_t ino_ = 0;
 };
 
 }  // namespace shunt::clocksync

@@ -478,6 +478,8 @@ void ProbeEngine::run() {
       if (probing_.load()) send_due(now);
       tick(now, &events);
       graveyard_.clear();
+      if (shm_ && std::any_of(events.begin(), events.end(), [](const PathEvent& e) { return e.source_id; }))
+        shm_->pub.bump_paths_gen();
     }
     graveyard_cv_.notify_all();
     // Outside the lock: a callback may read the engine (report(), path()).

@@ -27,12 +27,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "clocksync/clock_shm.h"
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/peer/control.h"
+#include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
 #include "interpose/verbs/steer.h"
@@ -741,15 +743,16 @@ size_t rail_count(const Bundle* b) { return std::max<size_t>(b->rails.size(), 1)
 // shadows to new ports (a no-op while the lists are the ones the agent
 // has). Without a probe engine, or for a NIC whose address the engine does
 // not probe from, the bundle works all the same; one line says why.
-void register_probe_paths(Bundle* b) {
+// Returns whether it registered ports the agent did not probe for it yet.
+bool register_probe_paths(Bundle* b) {
   std::string sock = agent::socket_path(), err;
-  if (sock.empty()) return;
+  if (sock.empty()) return false;
   std::vector<json> sports;
   std::vector<std::pair<std::string, std::string>> ends;  // per rail: local, peer address
   std::string all, via;  // via: the peer's address on the application's NIC
   {
     std::lock_guard g(b->mu);
-    if (b->dead || !b->active.load()) return;
+    if (b->dead || !b->active.load()) return false;
     std::lock_guard l(b->lk);
     for (size_t k = 0; k < rail_count(b); k++) {
       json list = json::array();
@@ -767,7 +770,7 @@ void register_probe_paths(Bundle* b) {
       sports.push_back(std::move(list));
       ends.emplace_back(local, peer);
     }
-    if (b->probed && all == b->probed_sports) return;
+    if (b->probed && all == b->probed_sports) return false;
   }
   bool any = false;
   for (size_t k = 0; k < sports.size(); k++) {
@@ -784,10 +787,11 @@ void register_probe_paths(Bundle* b) {
               "verbs bundles: shadow paths" + (k ? " on other NICs" : std::string()) +
                   " are not probed: " + (r ? r->value("error", r->dump()) : err));
   }
-  if (!any) return;
+  if (!any) return false;
   std::lock_guard g(b->mu);
   b->probed = true;
   b->probed_sports = all;
+  return true;
 }
 
 void drop_probe_paths(Bundle* b) {
@@ -2352,8 +2356,12 @@ void run_worker(Bundle* b) {
   std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
   std::vector<std::deque<int64_t>> fails(b->paths.size());
   std::vector<bool> was_down(b->paths.size(), false);
-  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0, next_probe_check = 0;
-  constexpr int64_t kProbeCheckMs = 100;  // how often it asks whether a path's probes are lost
+  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0;
+  // Whether a path's probes are lost (probe_ask.h).
+  ProbeAsk ask;
+  const std::string shm_name = expand_pattern(config().str(Param::clock_shm), static_cast<int>(getpid()));
+  clocksync::ClockReader counts;  // the agent's clock segment: its count of liveness changes
+  bool counts_open = false;
   std::vector<int> reported, seen_down;
   for (;;) {
     {
@@ -2373,17 +2381,24 @@ void run_worker(Bundle* b) {
     const int64_t t = mono_ms();
     if (probed && t >= next_probe_sync) {
       next_probe_sync = t + 500;
-      register_probe_paths(b);  // renewed shadows: their new ports (nothing to ask while unchanged)
+      // Renewed shadows: their new ports (nothing to ask while unchanged).
+      if (register_probe_paths(b)) ask.ports_registered();
     }
     const bool steer_due = probed && b->split && b->steer_queue && t >= next_steer;
-    const bool check_due = probed && t >= next_probe_check;
+    bool check_due = false;
+    if (probed) {
+      if (ask.regular(t) && !shm_name.empty() && (!counts_open || counts.replaced(shm_name)))
+        counts_open = counts.open(shm_name, nullptr);
+      check_due = ask.due(t, counts_open ? std::optional<uint64_t>(counts.paths_gen()) : std::nullopt);
+    }
     if (steer_due || check_due) {
-      if (check_due) next_probe_check = t + kProbeCheckMs;
       if (steer_due) next_steer = t + config().num(Param::steer_interval_ms);
       ProbeStats st;
       if (probe_stats(b, &st)) {
         if (check_due) fail_silent_paths(b, st);
         if (steer_due) steer_tick(b, st);
+      } else if (check_due) {
+        ask.unanswered(t);
       }
     }
     bool need_move, gave_up;

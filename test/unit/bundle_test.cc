@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/registry.h"
 
 using namespace shunt::verbs;
@@ -716,4 +717,32 @@ TEST(Bundle, SplitsPipelineButNeverOverlapAnUnfinishedOne) {
   for (size_t i = 8; i < 11; i++) EXPECT_GE(g_posted[i].qpn, 501u);
   EXPECT_EQ(g_posted[8].raddr, 0x100000u + 4096);
   EXPECT_EQ(bundle_json(*r.rec)["splits"], 3);
+}
+
+// A probed bundle's worker asks the agent about its paths' probes when the
+// engine's count of liveness changes moved, after registering new ports,
+// and once a second regardless; every 100 ms where it cannot read the count.
+TEST(BundleProbeAsk, AsksWhenTheCountMovesNotEveryRound) {
+  ProbeAsk a;
+  EXPECT_TRUE(a.due(0, 5u));  // the first look
+  int asked = 0;
+  for (int64_t t = 50; t < 1000; t += 50) asked += a.due(t, 5u);
+  EXPECT_EQ(asked, 0);  // nothing changed: no asking for a second
+  EXPECT_TRUE(a.due(1000, 5u));  // once a second regardless
+  EXPECT_TRUE(a.due(1050, 6u));  // the count moved
+  EXPECT_FALSE(a.due(1100, 6u));
+  a.ports_registered();
+  EXPECT_TRUE(a.due(1150, 6u));  // new ports: their first verdicts
+  EXPECT_FALSE(a.due(1200, 6u));
+  a.unanswered(1200);
+  EXPECT_TRUE(a.due(1300, 6u));  // no answer: soon again
+  EXPECT_FALSE(a.due(1350, 6u));
+  // Without the count: every 100 ms.
+  ProbeAsk b;
+  asked = 0;
+  for (int64_t t = 0; t < 1000; t += 50) asked += b.due(t, std::nullopt);
+  EXPECT_EQ(asked, 10);
+  // The count readable again after a gap: asked at once.
+  EXPECT_TRUE(b.due(1000, 7u));
+  EXPECT_FALSE(b.due(1050, 7u));
 }

@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "clocksync/clock_shm.h"
 #include "clocksync/engine.h"
 
 namespace shunt::clocksync {
@@ -293,6 +294,39 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
     // The peer stops answering a path nobody probes (after a few seconds).
     EXPECT_TRUE(eventually([&] { return reflected(p.b, "a").empty(); }, 5s));
     EXPECT_TRUE(p.a.path("b", 0)->alive);
+  });
+}
+
+// The clock segment counts the source paths' liveness changes (a bundle's
+// worker asks the agent only when the count moved): one when the path came
+// alive, one when it died; the rail path's own death is not counted.
+TEST(ClocksyncEngine, SourcePathLivenessChangesMoveTheSegmentsCount) {
+  SKIP_UNLESS_NETNS([] {
+    std::string shm = "/shunt-clock-test-gen-" + std::to_string(getpid());
+    EngineConfig ca = config("a", "127.0.0.1");
+    ca.shm_name = shm;
+    ProbeEngine a{ca}, b{config("b", "127.0.0.2")};
+    a.add_peer({"b", {"127.0.0.2"}});
+    b.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
+    ClockReader rd;
+    ASSERT_TRUE(rd.open(shm, &err)) << err;
+    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
+    EXPECT_EQ(rd.paths_gen(), 0u);  // the rail path's liveness is not counted
+    using Rails = std::vector<std::pair<std::string, std::vector<bool>>>;
+    EXPECT_EQ(a.rails_alive(), (Rails{{"b", {true}}}));
+    int id = a.add_source_path("b", 0, 40007, &err);
+    ASSERT_GT(id, 0) << err;
+    ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
+    EXPECT_EQ(rd.paths_gen(), 1u);
+    EXPECT_FALSE(rd.replaced(shm));
+    b.stop();  // nobody answers: the source path dies, and so does the rail path
+    ASSERT_TRUE(eventually([&] { return !a.source_path(id)->stats.alive && !a.path("b", 0)->alive; }));
+    EXPECT_EQ(rd.paths_gen(), 2u);
+    EXPECT_EQ(a.rails_alive(), (Rails{{"b", {false}}}));
+    a.stop();  // the segment goes with its engine; a new engine's is another one
+    EXPECT_TRUE(rd.replaced(shm));
   });
 }
 

@@ -102,7 +102,21 @@ TEST(ClocksyncShm, ReaderSeesPublishedModelsConsistently) {
   stop = true;
   w.join();
   EXPECT_EQ(torn, 0);
+  EXPECT_EQ(rd.paths_gen(), 0u);
+  pub.bump_paths_gen();
+  pub.bump_paths_gen();
+  EXPECT_EQ(rd.paths_gen(), 2u);
+  EXPECT_FALSE(rd.replaced(name));
   pub.close(true);
+  EXPECT_TRUE(rd.replaced(name));  // gone
+  ClockPublisher again;
+  ASSERT_TRUE(again.open(name, 78, "me", 4, &err)) << err;
+  EXPECT_TRUE(rd.replaced(name));  // made anew: another segment
+  ClockReader rd2;
+  ASSERT_TRUE(rd2.open(name, &err)) << err;
+  EXPECT_FALSE(rd2.replaced(name));
+  EXPECT_EQ(rd2.self_id(), 78u);
+  again.close(true);
 }
 
 TEST(ClocksyncPathView, DeadAfterSilenceAliveAgainOnProof) {
