@@ -76,6 +76,7 @@ struct ProbeEngine::SourcePath {
   PathState ps;
   PairFilter filter;
   int64_t last_rx = 0;  // reflected: forgotten after reflect_idle() without a probe
+  unsigned round = 0;   // probed in the send rounds where round % source_every == 0
 
   explicit SourcePath(int64_t tol) : filter(tol) {}
 };
@@ -119,7 +120,9 @@ struct ProbeEngine::Shm {
 
 namespace {
 // A reflected path lives while the peer probes it, and a few seconds more.
-int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000'000, 4 * c.dead_ns); }
+int source_every(const EngineConfig& c) { return std::max(1, c.source_every); }
+int64_t source_dead(const EngineConfig& c) { return c.dead_ns * source_every(c); }
+int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000'000, 4 * source_dead(c)); }
 }  // namespace
 
 uint64_t node_id(std::string_view name) {
@@ -341,6 +344,7 @@ int ProbeEngine::add_source_path(std::string_view peer, int rail, uint16_t src_p
     // Its own sequence space, from the clock like the engine's: never one the
     // peer saw on an earlier path from this port.
     sp->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
+    sp->round = unsigned(id);  // the source paths take turns over the rounds
     log::info("clocksync: source path {} to {} rail {} from {}:{}", id, p->name, rail,
               cfg_.local_addrs[rail], sp->port);
     p->sources.push_back(std::move(sp));
@@ -392,7 +396,7 @@ int64_t ProbeEngine::next_due(int64_t now) const {
     due = std::min(due, p->est.next_due());
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(cfg_.dead_ns));
     for (auto& sp : p->sources) {
-      due = std::min(due, sp->ps.view.dead_at(cfg_.dead_ns));
+      due = std::min(due, sp->ps.view.dead_at(source_dead(cfg_)));
       if (sp->reflected) due = std::min(due, sp->last_rx + reflect_idle(cfg_) + 1);
     }
   }
@@ -511,6 +515,7 @@ void ProbeEngine::send_due(int64_t now) {
       }
     // Source paths after the rail paths' pairs, on the same schedule.
     for (auto& sp : p->sources) {
+      if (sp->round++ % unsigned(source_every(cfg_))) continue;  // not its round
       if (sp->reflected) {
         send_pair(p->index, {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false}, now);
         sent[sp->rail] = true;
@@ -679,6 +684,7 @@ void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int
       q->ps.remote = from;
       q->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
       q->last_rx = rx;
+      q->round = q->port;
       sp = q.get();
       p->sources.push_back(std::move(q));
     }
@@ -803,7 +809,7 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
         forget_reflected(*p, k);  // the peer stopped probing it (removed, or its traffic is lost)
         continue;
       }
-      if (sp.ps.view.update_liveness(now, cfg_.dead_ns) && !sp.reflected)
+      if (sp.ps.view.update_liveness(now, source_dead(cfg_)) && !sp.reflected)
         events->push_back({p->name, sp.rail, sp.ps.view.alive(), now, sp.id, sp.port});
       k++;
     }

@@ -63,6 +63,9 @@ struct EngineConfig {
   uint16_t port = 7471;
   int64_t interval_ns = 100'000'000;
   int64_t dead_ns = 250'000'000;
+  // Source paths are probed in every Nth round only, and declared dead after
+  // N x dead_ns: they are most of the probes (a bundle has one per shadow).
+  int source_every = 1;
   int64_t pair_tol_ns = 10'000;
   Key key{};
   TestClockSpec test_clock;             // identity unless testing

@@ -297,6 +297,35 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
   });
 }
 
+// SHUNT_SOURCE_PROBE_EVERY: source paths go out in every Nth round only
+// (they are most of the probes), and still come alive and die.
+TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
+  SKIP_UNLESS_NETNS([] {
+    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
+    ca.source_every = cb.source_every = 3;
+    ProbeEngine a{ca}, b{cb};
+    a.add_peer({"b", {"127.0.0.2"}});
+    b.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
+    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
+    int id = a.add_source_path("b", 0, 40008, &err);
+    ASSERT_GT(id, 0) << err;
+    ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
+    uint64_t rail0 = a.path("b", 0)->sent, src0 = a.source_path(id)->stats.sent;
+    std::this_thread::sleep_for(1500ms);
+    uint64_t rail = a.path("b", 0)->sent - rail0, src = a.source_path(id)->stats.sent - src0;
+    printf("in 1.5 s: rail path %llu probes, source path %llu\n", (unsigned long long)rail,
+           (unsigned long long)src);
+    EXPECT_GE(rail, 10u);
+    EXPECT_GE(src * 4, rail);  // about a third
+    EXPECT_LE(src * 2, rail);
+    EXPECT_TRUE(a.source_path(id)->stats.alive);  // 300 ms apart, dead only after 750 ms
+    b.stop();
+    EXPECT_TRUE(eventually([&] { return !a.source_path(id)->stats.alive; }));
+  });
+}
+
 // The clock segment counts the source paths' liveness changes (a bundle's
 // worker asks the agent only when the count moved): one when the path came
 // alive, one when it died; the rail path's own death is not counted.
