@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <signal.h>
@@ -202,15 +203,23 @@ inline int64_t now_ns() {
 
 // The data path's lock: held for a few dozen instructions, never across a
 // call that can block; one locked instruction when uncontended.
+// Spins briefly, then yields: a holder preempted on a host with one CPU
+// (a soft-RoCE guest) would otherwise be kept off it by the waiter for
+// the rest of the waiter's time slice.
 class SpinLock {
  public:
   void lock() {
+    int spins = 0;
     while (f_.test_and_set(std::memory_order_acquire))
-      while (f_.test(std::memory_order_relaxed)) __builtin_ia32_pause();
+      while (f_.test(std::memory_order_relaxed)) {
+        if (++spins < kSpins) __builtin_ia32_pause();
+        else sched_yield();
+      }
   }
   void unlock() { f_.clear(std::memory_order_release); }
 
  private:
+  static constexpr int kSpins = 128;
   std::atomic_flag f_ = ATOMIC_FLAG_INIT;
 };
 
