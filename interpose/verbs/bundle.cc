@@ -2112,6 +2112,11 @@ bool back_in_service(Bundle* b, int i) {
   p.flow_bytes = 0;
   p.ns_per_byte = 0;
   p.down = false;
+  // Its stall clock starts again at the watch's next look: run on from
+  // before the failure, it failed the renewed path as stalled before its
+  // probe could complete (the port retransmits for others throughout a fault).
+  p.watch_done = 0;
+  p.watch_ms = 0;
   probe(b, i);
   p.renewed = p.probation;  // (a path that cannot be probed is trusted at once)
   return p.probation;

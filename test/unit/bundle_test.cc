@@ -533,6 +533,24 @@ TEST(Bundle, APathRenewedIntoADeadRouteIsRenewedAgainOnceTheRouteIsBack) {
   EXPECT_TRUE(bundle_renew_now_for_test(r.rec));
 }
 
+// A renewed path's stall clock starts at its renewal, not when the watch
+// last saw it before it failed: else the port's retransmissions for other
+// paths during the fault fail it as stalled before its probe completes.
+TEST(Bundle, ARenewedPathsStallClockStartsAtItsRenewal) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // the watch's look: all idle
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  bundle_back_in_service_for_test(r.rec, 1);  // renewed at about 5 s: its probe in flight
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5100, 2000, 5050), 0);  // 4 s after that look: not stalled
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 6000, 2000, 5900), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 7200, 2000, 7100), 1);  // 2.1 s after it: its probe is stuck
+}
+
 // The application's own QP, its port known (shunt gave it a flow label),
 // is judged by its probes like a shadow: lost, it fails and the two-sided
 // work waits for the move to a shadow; but never with every other path
