@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The steady-state cost of probing, on soft-RoCE guests: 2 hosts, 2 rails,
+# 2 spines (routers hashing addresses and UDP source port, as the failover
+# scenarios with --probes), one 2-rank shunt-bench sendrecv over verbs
+# (WRITE_WITH_IMM, 1 MiB, -c 1) per run. Runs without libshunt, with
+# libshunt active but no probe engine, and with the host agents probing
+# both rails and every bundle path's source port (SHUNT_PROBE_ADDRS),
+# interleaved, PROBE_COST_ROUNDS rounds (default 4). Reported: each run's
+# busbw, the medians, and their ratios (target of the failover issue:
+# probing costs <= 2% busbw, i.e. probes / shunt >= 0.98). The guests have
+# one CPU each on two host cores, so every probe packet costs the job: the
+# ratio here is the worst case, not a datacenter host's.
+SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$SHUNT_ROOT/test/fabric/lib.sh"
+need_guests
+BENCH=$B/bin/shunt-bench
+ROUNDS=${PROBE_COST_ROUNDS:-4}
+DUR=${PROBE_COST_SECONDS:-15}
+up --hosts 2 --rails 2 --spines 2 --ecmp-hash sport
+KEY=probe-cost-$$
+boot=$(fab addr h1 r1)
+addrs() { echo "$(fab addr "h$1" r0),$(fab addr "h$1" r1)"; }
+
+# run KIND -> busbw (GB/s) of rank 0
+run() {
+  local kind=$1 port=$((29000 + RANDOM % 1000)) pids=() r env
+  for r in 1 0; do
+    case $kind in
+      none) env=(SHUNT_MODE=off) ;;
+      shunt) env=(LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY") ;;
+      probes) env=(LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$(addrs $((r + 1)))") ;;
+    esac
+    fab exec "h$((r + 1))" -- timeout $((DUR + 60)) env "${env[@]}" "$BENCH" --rank $r --world 2 \
+      --bootstrap "$boot:$port" -p sendrecv --transport verbs --verb write_imm -d rxe0 -b 1M -e 1M -w 2 \
+      --duration "$DUR" -c 1 -q --seg 64K --retry-cnt 6 --qp-timeout 14 > "$TMP/$kind-$r" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { cat "$TMP/$kind-0" "$TMP/$kind-1" >&2; fail "$kind run failed"; }; done
+  grep -q "^# Errors seen *: 0" "$TMP/$kind-0" || fail "$kind: errors seen: $(grep 'Errors seen' "$TMP/$kind-0")"
+  awk '/Avg bus bandwidth/ { print $NF }' "$TMP/$kind-0"
+}
+
+declare -A all
+for ((i = 1; i <= ROUNDS; i++)); do
+  line="  round $i:"
+  for kind in none shunt probes; do
+    bw=$(run $kind)
+    [ -n "$bw" ] || fail "$kind: no busbw"
+    all[$kind]+="$bw "
+    line+=" $kind $bw"
+  done
+  echo "$line GB/s"
+done
+python3 - "${all[none]}" "${all[shunt]}" "${all[probes]}" <<'EOF'
+import statistics as st, sys
+none, shunt, probes = ([float(x) for x in a.split()] for a in sys.argv[1:4])
+m = {k: st.median(v) for k, v in (("none", none), ("shunt", shunt), ("probes", probes))}
+print("sendrecv 1 MiB busbw, median of %d runs: without libshunt %.4f, shunt without probes %.4f, "
+      "shunt with probes %.4f GB/s" % (len(none), m["none"], m["shunt"], m["probes"]))
+print("  probes / shunt: %.3fx (probing costs %.1f%%; target <= 2%%)" % (m["probes"] / m["shunt"],
+      100 * (1 - m["probes"] / m["shunt"])))
+print("  shunt / none:   %.3fx;  probes / none: %.3fx" % (m["shunt"] / m["none"], m["probes"] / m["none"]))
+EOF
