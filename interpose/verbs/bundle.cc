@@ -2115,8 +2115,7 @@ bool back_in_service(Bundle* b, int i) {
   // Its stall clock starts again at the watch's next look: run on from
   // before the failure, it failed the renewed path as stalled before its
   // probe could complete (the port retransmits for others throughout a fault).
-  p.watch_done = 0;
-  p.watch_ms = 0;
+  p.watch_ms = 0;  // (its next look then takes watch_done from done)
   probe(b, i);
   p.renewed = p.probation;  // (a path that cannot be probed is trusted at once)
   return p.probation;
