@@ -3241,6 +3241,20 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
   return out;
 }
 
+int shadow_cq_depth(int cqe, int paths, int max_cqe) {
+  if (cqe < 1 || paths < 1 || (max_cqe > 0 && cqe >= max_cqe)) return cqe;
+  int64_t want = int64_t(cqe) * (1 + paths) + 4 * int64_t(paths) + 8;
+  if (max_cqe > 0) want = std::min<int64_t>(want, max_cqe);
+  return static_cast<int>(std::min<int64_t>(want, INT32_MAX));
+}
+
+int cq_depth_for(ibv_context* ctx, int cqe) {
+  if (current_mode() != Mode::active || !ctx) return cqe;
+  ibv_device_attr da{};
+  int max_cqe = ibv_query_device(ctx, &da) == 0 ? da.max_cqe : 0;
+  return shadow_cq_depth(cqe, static_cast<int>(config().num(Param::paths_per_rail)), max_cqe);
+}
+
 int bundle_unstash(ibv_cq* cq, int n, ibv_wc* wc) {
   std::lock_guard g(g_stash_mu);
   int k = 0;

@@ -60,6 +60,16 @@ extern std::atomic<int> g_shadow_qps;
 extern std::atomic<int> g_stash_n;
 int bundle_unstash(ibv_cq* cq, int n, ibv_wc* wc);
 
+// The depth to create (or resize) an application's CQ with, in active mode:
+// the shadows on the application's own NIC complete into its CQs, so a CQ
+// sized for the application's QP alone overflows, and rxe drops a
+// completion that finds its CQ full (perftest's rdma_cm CQs hold one entry;
+// shunt's probes then never completed there, and their paths failed as
+// stalled). Room for `paths` more QPs like the application's, a few of
+// shunt's own WRs on each, never past the device's max_cqe, never less than asked.
+int shadow_cq_depth(int cqe, int paths, int max_cqe);
+int cq_depth_for(ibv_context* ctx, int cqe);
+
 // Rewrites the completions of shadow QPs among wc[0..n) to the application's
 // QP, drops shunt's own, posts WRs whose fence cleared; returns the new n.
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n);

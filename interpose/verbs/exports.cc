@@ -138,8 +138,20 @@ __attribute__((visibility("default"))) int ibv_dereg_mr(ibv_mr* mr) {
 
 __attribute__((visibility("default"))) ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_ctx,
                                                              ibv_comp_channel* ch, int vec) {
-  if (acting()) verbs::count_call(Call::ibv_create_cq);
+  if (acting()) {
+    verbs::count_call(Call::ibv_create_cq);
+    ReentryGuard g;
+    cqe = verbs::cq_depth_for(ctx, cqe);  // room for the shadows' completions
+  }
   return SHUNT_REAL(ibv_create_cq, "IBVERBS_1.1")(ctx, cqe, cq_ctx, ch, vec);
+}
+
+__attribute__((visibility("default"))) int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  if (acting() && cq) {
+    ReentryGuard g;
+    cqe = verbs::cq_depth_for(cq->context, cqe);
+  }
+  return SHUNT_REAL(ibv_resize_cq, "IBVERBS_1.1")(cq, cqe);
 }
 
 __attribute__((visibility("default"))) int ibv_destroy_cq(ibv_cq* cq) {

@@ -764,3 +764,15 @@ TEST(BundleProbeAsk, AsksWhenTheCountMovesNotEveryRound) {
   EXPECT_TRUE(b.due(1000, 7u));
   EXPECT_FALSE(b.due(1050, 7u));
 }
+
+// The application's CQs get room for its shadows' completions (perftest's
+// rdma_cm CQs hold one entry, shared by its QP and 4 shadows).
+TEST(Bundle, TheApplicationsCqHasRoomForItsShadows) {
+  EXPECT_GE(shadow_cq_depth(1, 4, 32767), 5 + 4 * 2);           // each of 5 QPs, and shunt's own WRs
+  EXPECT_EQ(shadow_cq_depth(256, 4, 32767), 256 * 5 + 16 + 8);
+  EXPECT_EQ(shadow_cq_depth(20000, 4, 32767), 32767);           // never past the device's limit
+  EXPECT_EQ(shadow_cq_depth(32767, 4, 32767), 32767);
+  EXPECT_EQ(shadow_cq_depth(40000, 4, 32767), 40000);           // never less than asked
+  EXPECT_EQ(shadow_cq_depth(64, 0, 32767), 64);                 // no shadows
+  EXPECT_EQ(shadow_cq_depth(1 << 30, 16, 0), INT32_MAX);        // no overflow
+}
