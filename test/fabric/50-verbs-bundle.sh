@@ -13,6 +13,8 @@
 #   primary-only and the program works.
 # - ib_read_bw's READs ride shadows too; ib_send_bw and fi_pingpong
 #   (libfabric's verbs provider, QPs connected through rdma_cm) work;
+# - ib_write_bw -R (rdma_cm): its one-entry CQs are made deep enough for
+#   the shadows that complete into them;
 # - a 4-host all-to-all (-c 1) is correct with every QP bundled.
 . "$(dirname "$0")/lib.sh"
 need_guests
@@ -149,6 +151,25 @@ run fi-cli h1 fi_pingpong -p verbs -e msg -I 200 -S 4096 "$dst" > "$TMP/fi" 2>&1
   { cat "$TMP/fi" "$TMP/fi_srv"; fail "fi_pingpong client under active shunt"; }
 wait $srv || { cat "$TMP/fi_srv"; fail "fi_pingpong server under active shunt"; }
 grep -qE "^4k +200 " "$TMP/fi" || { cat "$TMP/fi"; fail "no fi_pingpong result line"; }
+
+# perftest's rdma_cm mode (-R) creates CQs of one entry for its QP, which
+# its 4 shadows complete into too: shunt makes them deep enough for all of
+# them (rxe drops a completion that finds its CQ full, and a probe whose
+# completion is lost leaves its path stalled for good).
+note "ib_write_bw -R (rdma_cm): every CQ holds a completion of each QP on it"
+run cm-srv h2 ib_write_bw -R -d rxe0 -D 8 > "$TMP/cm_srv" 2>&1 &
+srv=$!
+sleep 2
+run cm-cli h1 ib_write_bw -R -d rxe0 -D 8 "$dst" > "$TMP/cm" 2>&1 &
+cli=$!
+sleep 5
+fab exec h1 -- rdma res show cq > "$TMP/cqs" 2>&1
+wait $cli || { cat "$TMP/cm" "$TMP/cm_srv"; fail "ib_write_bw -R client under active shunt"; }
+wait $srv || { cat "$TMP/cm_srv"; fail "ib_write_bw -R server under active shunt"; }
+grep -q "comm ib_write_bw" "$TMP/cqs" || { cat "$TMP/cqs"; fail "no CQ of ib_write_bw seen"; }
+awk '/comm ib_write_bw/ { for (i = 1; i < NF; i++) { if ($i == "cqe") c = $(i + 1); if ($i == "users") u = $(i + 1) }
+  if (u > 1 && c + 0 < u + 0) bad = 1 } END { exit bad }' "$TMP/cqs" || { cat "$TMP/cqs"; fail "a CQ has fewer entries than QPs on it"; }
+grep -E "users [2-9]" "$TMP/cqs" | grep -q "comm ib_write_bw" || { cat "$TMP/cqs"; fail "no CQ shared with shadows"; }
 
 note "a peer without shunt: primary-only, and the program works"
 gexec h2 ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
