@@ -35,6 +35,7 @@
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/peer/control.h"
+#include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
@@ -186,6 +187,7 @@ struct Path {
   double ns_per_byte = 0;  // EWMA over the path's flowlets; 0: not measured yet
   double seg_lat = 0;      // EWMA of its split segments' time from post to completion (ns); 0: none yet
   double share = 1.0;      // its weight in a split's head
+  std::string router;        // path discovery: the router 2 hops out its port was seen to take ("": not known)
   bool probe_alive = false;  // its source path's probes got through since its port was set
   bool probe_dead = false;   // down, and its probes were seen lost since (until they come back)
   // Its forward queue, from the host agent's probes of its source port.
@@ -867,6 +869,63 @@ void start_steering(Bundle* b) {
   }
   if (probed) wake_worker(b);
 }
+// SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
+// more shadows, ports balanced over the routers two hops out, before the
+// shadows connect (their flow labels are theirs alone until then).
+void spread_over_routers(Bundle* b) {
+  const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
+  if (wait_ms <= 0) return;
+  struct Job {
+    int rail;
+    std::vector<int> paths;
+    std::vector<uint32_t> labels;
+    std::string lip, rip;
+  };
+  std::vector<Job> jobs;
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead) return;
+    const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));
+    for (int r = 0; r < static_cast<int>(b->rails.size()); r++) {
+      Job j{r, {}, {}, {}, {}};
+      for (int i = 0; i < static_cast<int>(b->paths.size()); i++)
+        if (b->paths[i].rail == r) j.paths.push_back(i);
+      if (j.paths.size() < 2 || !gid_v4(b->rails[r].lgid, &j.lip) || !gid_v4(b->rails[r].rgid, &j.rip)) continue;
+      const uint32_t seed = label_seed(b) ^ (0x9e3779b9u * static_cast<uint32_t>(r + 1));
+      std::vector<uint32_t> ports;
+      for (int t = 0; static_cast<int>(j.labels.size()) < 3 * static_cast<int>(j.paths.size()) && t < 64; t++) {
+        uint32_t fl = flow_label_for(seed, t), sp = sport_of(fl);
+        if (sp == prim || std::find(ports.begin(), ports.end(), sp) != ports.end()) continue;
+        j.labels.push_back(fl);
+        ports.push_back(sp);
+      }
+      jobs.push_back(std::move(j));
+    }
+  }
+  for (auto& j : jobs) {
+    std::vector<uint16_t> ports;
+    for (uint32_t fl : j.labels) ports.push_back(static_cast<uint16_t>(sport_of(fl)));
+    std::vector<std::string> hops = hops_of_ports(j.lip, j.rip, ports, 2, wait_ms);
+    std::vector<int> pick = balanced_pick(hops, static_cast<int>(j.paths.size()));
+    std::map<std::string, int> seen;
+    for (int k : pick) seen[hops[k]]++;
+    std::string spread;
+    for (const auto& [h, n] : seen) spread += (spread.empty() ? "" : ", ") + (h.empty() ? "unknown" : h) + " x" + std::to_string(n);
+    std::lock_guard g(b->mu);
+    if (b->dead) return;
+    if (seen.size() < 2 && seen.count("")) {
+      log::info("{} QP {}: rail {}: no router answered for its ports; the hash places them", b->ctx->device,
+                b->pqp->qp_num, j.rail);
+      continue;
+    }
+    for (size_t k = 0; k < pick.size() && k < j.paths.size(); k++) {
+      b->paths[j.paths[k]].flow_label = j.labels[pick[k]];
+      b->paths[j.paths[k]].router = hops[pick[k]];
+    }
+    log::info("{} QP {}: rail {}: {} shadows over {}", b->ctx->device, b->pqp->qp_num, j.rail, j.paths.size(), spread);
+  }
+}
+
 void start_stall_watch();
 void watch_resync(bool wait);
 bool rails_wanted(Bundle* b);
@@ -898,6 +957,12 @@ void run_setup(Bundle* b) {
         e.clear();
       }
     }
+    b->state = "finding paths";
+  }
+  spread_over_routers(b);
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead) return;
     b->state = "asking the peer";
   }
   {
@@ -2059,6 +2124,7 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   p.psn = random_psn();
   p.gen++;
   p.flow_label = flow_label_for(label_seed(b) + 7919u * p.gen, static_cast<int>(&p - b->paths.data()));
+  p.router.clear();  // a new port: its router is not known
   p.probe_alive = false;  // a new port: its probes start over
   p.probe_dead = false;
   return true;
@@ -3284,6 +3350,7 @@ json bundle_json(const QpRecord& r) {
                      {"ns_per_byte", p.ns_per_byte},
                      {"remote_qpn", p.remote_qpn},
                      {"udp_sport", 0xC000 | p.flow_label},
+                     {"router", p.router},
                      {"wrs", p.wrs},
                      {"bytes", p.bytes},
                      {"in_flight", p.posted - p.done},

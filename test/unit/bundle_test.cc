@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/registry.h"
 
@@ -775,4 +776,23 @@ TEST(Bundle, TheApplicationsCqHasRoomForItsShadows) {
   EXPECT_EQ(shadow_cq_depth(40000, 4, 32767), 40000);           // never less than asked
   EXPECT_EQ(shadow_cq_depth(64, 0, 32767), 64);                 // no shadows
   EXPECT_EQ(shadow_cq_depth(1 << 30, 16, 0), INT32_MAX);        // no overflow
+}
+
+// Path discovery's choice: shadows spread evenly over the routers that
+// answered, in candidate order within each, unknown ports last; with fewer
+// than two routers known, the first candidates as without discovery.
+TEST(PathDiscovery, PicksPortsBalancedOverTheRoutersThatAnswered) {
+  using V = std::vector<int>;
+  // 6 of the first 8 candidates hash to s1: the hash alone would give 6:2.
+  std::vector<std::string> hops = {"s1", "s1", "s2", "s1", "s1", "s1", "s2", "s1", "s2", "", "s2", "s1"};
+  V pick = balanced_pick(hops, 8);
+  EXPECT_EQ(pick, (V{0, 2, 1, 6, 3, 8, 4, 10}));
+  int s1 = 0, s2 = 0;
+  for (int k : pick) (hops[k] == "s1" ? s1 : s2)++;
+  EXPECT_EQ(s1, 4);
+  EXPECT_EQ(s2, 4);
+  EXPECT_EQ(balanced_pick({"s1", "", "s2", "s2", "s2"}, 4), (V{0, 2, 3, 4}));  // s1 has one: the rest from s2
+  EXPECT_EQ(balanced_pick({"s1", "", "s2"}, 3), (V{0, 2, 1}));                 // unknown last
+  EXPECT_EQ(balanced_pick({"", "s1", "", "s1"}, 2), (V{0, 1}));                // one router: unchanged
+  EXPECT_EQ(balanced_pick({"", "", ""}, 2), (V{0, 1}));
 }

@@ -1,0 +1,131 @@
+#include "interpose/verbs/path_discovery.h"
+
+#include <arpa/inet.h>
+#include <linux/errqueue.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+
+#include "interpose/core/mono.h"
+
+namespace shunt::verbs {
+
+namespace {
+constexpr uint16_t kRoceV2Port = 4791;
+
+// The offender of one ICMP time exceeded in fd's error queue, or "".
+std::string read_offender(int fd, bool* reached) {
+  char data[64], ctl[512];
+  for (;;) {
+    iovec iov{data, sizeof data};
+    sockaddr_in from{};
+    msghdr m{};
+    m.msg_name = &from;
+    m.msg_namelen = sizeof from;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (recvmsg(fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) return "";
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != IPPROTO_IP || c->cmsg_type != IP_RECVERR) continue;
+      auto* ee = reinterpret_cast<sock_extended_err*>(CMSG_DATA(c));
+      if (ee->ee_origin != SO_EE_ORIGIN_ICMP) continue;
+      if (ee->ee_type == 3) *reached = true;  // unreachable: it got to the peer (or no route)
+      if (ee->ee_type != 11) continue;        // time exceeded
+      auto* off = reinterpret_cast<const sockaddr_in*>(SO_EE_OFFENDER(ee));
+      if (off->sin_family != AF_INET) continue;
+      char s[INET_ADDRSTRLEN];
+      if (inet_ntop(AF_INET, &off->sin_addr, s, sizeof s)) return s;
+    }
+  }
+}
+}  // namespace
+
+std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
+                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms) {
+  std::vector<std::string> out(sports.size());
+  sockaddr_in dst{}, src{};
+  dst.sin_family = src.sin_family = AF_INET;
+  dst.sin_port = htons(kRoceV2Port);
+  if (inet_pton(AF_INET, remote_ip.c_str(), &dst.sin_addr) != 1 ||
+      inet_pton(AF_INET, local_ip.c_str(), &src.sin_addr) != 1 || ttl < 1 || wait_ms <= 0)
+    return out;
+  std::vector<int> fds(sports.size(), -1);
+  std::vector<pollfd> pfd;
+  std::vector<size_t> of;
+  const int one = 1;
+  for (size_t i = 0; i < sports.size(); i++) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    src.sin_port = htons(sports[i]);
+    // No SO_REUSEADDR: a port another socket holds stays unknown, never shared.
+    if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+        setsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) != 0 ||
+        setsockopt(fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one) != 0) {
+      close(fd);
+      continue;
+    }
+    // Not a RoCE packet (one zero byte, no BTH): should it reach the peer
+    // after all, its device drops it as malformed.
+    const char z = 0;
+    if (sendto(fd, &z, 1, 0, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 1) {
+      close(fd);
+      continue;
+    }
+    fds[i] = fd;
+    pfd.push_back({fd, 0, 0});  // POLLERR is always reported
+    of.push_back(i);
+  }
+  const int64_t end = mono_ms() + wait_ms;
+  size_t left = pfd.size();
+  while (left > 0) {
+    int64_t now = mono_ms();
+    if (now >= end) break;
+    int n = poll(pfd.data(), pfd.size(), static_cast<int>(end - now));
+    if (n <= 0) continue;
+    for (size_t k = 0; k < pfd.size(); k++) {
+      if (pfd[k].fd < 0 || !(pfd[k].revents & POLLERR)) continue;
+      bool reached = false;
+      std::string hop = read_offender(pfd[k].fd, &reached);
+      if (!hop.empty() || reached) {
+        out[of[k]] = hop;
+        pfd[k].fd = -1;  // done with it (poll skips negative fds)
+        left--;
+      }
+    }
+  }
+  for (int fd : fds)
+    if (fd >= 0) close(fd);
+  return out;
+}
+
+std::vector<int> balanced_pick(const std::vector<std::string>& hops, int want) {
+  std::vector<int> pick;
+  std::map<std::string, std::vector<int>> by_hop;
+  std::vector<int> unknown;
+  for (int i = 0; i < static_cast<int>(hops.size()); i++)
+    (hops[i].empty() ? unknown : by_hop[hops[i]]).push_back(i);
+  if (by_hop.size() < 2) {
+    for (int i = 0; i < static_cast<int>(hops.size()) && static_cast<int>(pick.size()) < want; i++) pick.push_back(i);
+    return pick;
+  }
+  // Round robin over the hops, the one whose first candidate comes first leading.
+  std::vector<std::vector<int>*> order;
+  for (auto& [h, v] : by_hop) order.push_back(&v);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->front() < b->front(); });
+  for (size_t round = 0; static_cast<int>(pick.size()) < want; round++) {
+    bool any = false;
+    for (auto* v : order)
+      if (round < v->size() && static_cast<int>(pick.size()) < want) pick.push_back((*v)[round]), any = true;
+    if (!any) break;
+  }
+  for (size_t k = 0; k < unknown.size() && static_cast<int>(pick.size()) < want; k++) pick.push_back(unknown[k]);
+  return pick;
+}
+
+}  // namespace shunt::verbs

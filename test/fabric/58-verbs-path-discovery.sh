@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# timeout: 300
+# Path discovery (SHUNT_PATH_DISCOVERY_MS) on soft-RoCE guests: 2 hosts on
+# their own leaves, 2 spines hashing the 5-tuple. A split job with 8
+# shadows per QP (-c 1):
+# - each shadow's port was answered for by one of exactly two routers (the
+#   spines, 2 hops out), 4 shadows each;
+# - the fabric agrees: an nft set on s1 records the source ports of the
+#   RoCE packets it really forwarded, and the shadows one router answered
+#   for all crossed s1, the other router's none of them;
+# - the same job with SHUNT_PATH_DISCOVERY_MS=0 is shown for comparison
+#   (where the hash alone puts its shadows).
+. "$(dirname "$0")/lib.sh"
+need_guests
+BENCH=$B/bin/shunt-bench
+[ -f "$LIB" ] || fail "no $LIB (make)"
+command -v nft >/dev/null || skip "no nft"
+up --hosts 2 --rails 1 --spines 2
+KEY=discovery-$$
+a1=$(fab addr h1 r0)
+sport_watch
+
+# job TAG PORT [VAR=VALUE...]
+job() {
+  local tag=$1 port=$2 r pids=()
+  shift 2
+  for r in 1 0; do
+    fab exec "h$((r + 1))" -- timeout 120 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=split \
+      SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8 SHUNT_LOG_LEVEL=info \
+      SHUNT_STATS_FILE="/tmp/$tag$r.json" "$@" "$BENCH" --rank $r --world 2 --bootstrap "$a1:$port" \
+      --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K --duration 6 -w 4 -c 1 --seg 256K \
+      > "$TMP/$tag$r.out" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { cat "$TMP/$tag"*.out; fail "$tag: a rank failed"; }; done
+  grep -v '^#' "$TMP/${tag}0.out" | awk 'NF == 9 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
+    { cat "$TMP/${tag}0.out"; fail "$tag: #wrong not 0"; }
+  fab exec h1 -- cat "/tmp/${tag}0.json" > "$TMP/$tag.json" || fail "$tag: no stats"
+}
+
+note "discovery on (the default)"
+job on 29931
+grep "shadows over" "$TMP/on0.out" || { cat "$TMP/on0.out"; fail "no discovery line"; }
+on_s1=$(sport_seen s1 roce | tr ' ' '\n' | sed -n "s/^$a1://p" | sort -n | tr '\n' ' ')
+echo "h1's ports seen on s1: $on_s1"
+python3 - "$TMP/on.json" "$on_s1" <<'EOF' || fail "discovery"
+import json, sys
+on_s1 = {int(p) for p in sys.argv[2].split()}
+b = next(q["bundle"] for q in json.load(open(sys.argv[1]))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
+paths = b["paths"]
+routers = {}
+for p in paths:
+    routers.setdefault(p["router"], []).append(p["udp_sport"])
+for r, ports in sorted(routers.items()):
+    print("router %s: ports %s, on s1: %s" % (r or "(none)", ports, [p in on_s1 for p in ports]))
+assert len(paths) == 8, "8 shadows, not %d" % len(paths)
+assert "" not in routers, "a shadow without a router"
+assert len(routers) == 2, "two routers, not %d" % len(routers)
+assert sorted(len(v) for v in routers.values()) == [4, 4], "4 shadows per router"
+for r, ports in routers.items():
+    seen = {p in on_s1 for p in ports}
+    assert len(seen) == 1, "router %s's shadows crossed both spines" % r
+assert len({all(p in on_s1 for p in v) for v in routers.values()}) == 2, "both routers' shadows on one spine"
+EOF
+
+note "discovery off, for comparison"
+job off 29932 SHUNT_PATH_DISCOVERY_MS=0
+on_s1=$(sport_seen s1 roce | tr ' ' '\n' | sed -n "s/^$a1://p" | sort -n | tr '\n' ' ')
+python3 - "$TMP/off.json" "$on_s1" <<'EOF' || fail "discovery off"
+import json, sys
+on_s1 = {int(p) for p in sys.argv[2].split()}
+b = next(q["bundle"] for q in json.load(open(sys.argv[1]))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
+ports = [p["udp_sport"] for p in b["paths"]]
+n = sum(p in on_s1 for p in ports)
+print("without discovery: %d of the 8 shadows crossed s1, %d s2 (the hash's luck)" % (n, 8 - n))
+assert all(not p["router"] for p in b["paths"]), "a router known with discovery off"
+EOF
+echo ok
