@@ -31,6 +31,7 @@ WINDOW=${BUNDLE_BENCH_WINDOW:-2}
 SPREADS=${BUNDLE_BENCH_SPREAD:-split}
 PATHS=${BUNDLE_BENCH_PATHS:-8}
 QUEUE_MS=${BUNDLE_BENCH_QUEUE_MS:-1000}
+# BUNDLE_BENCH_ENV="VAR=VALUE ...": more of libshunt's settings for the runs with it
 up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2
 # A deep queue (1 s), small messages and a long ACK timeout (--qp-timeout
 # 18, about 1 s): rxe 6.1 recovers badly from drops and retransmissions
@@ -45,7 +46,7 @@ KEY=bench-$$
 job() {
   local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
   [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$with" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL="$PATHS"
-    SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json)  # queues of up to 1 s: no path is declared dead for that
+    SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json ${BUNDLE_BENCH_ENV:-})  # queues of up to 1 s: no path is declared dead for that
   local boot
   boot=$(fab addr "$a" r0)
   # one WRITE_WITH_IMM per 256 KiB message (split cuts it, the others do not)
