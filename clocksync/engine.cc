@@ -62,6 +62,7 @@ struct PathState {
   uint32_t rx_count = 0;
   uint64_t last_fwd = 0, last_rev = 0;  // newest pair seq already turned into a sample
   bool fwd_any = false, rev_any = false;
+  bool single = false;  // ours go out as single probes, not pairs (a source path's)
   PathView view;
 };
 
@@ -595,6 +596,7 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
   }
   TxPair& tp = ps.tx[pr.seq % kRing];
   tp = TxPair{pr.seq, {0, 0}, now};
+  ps.single = o.single;
   ProbeSocket& s = *o.sock;
   int64_t ids[2] = {s.send(ps.remote, {b0.data(), n0}), o.single ? -1 : s.send(ps.remote, {b1.data(), n1})};
   for (int i = 0; i < packets; i++) {
@@ -738,8 +740,7 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
   ps.rx_max = ps.rx_any ? std::max(ps.rx_max, pr.seq) : pr.seq;
   ps.rx_any = true;
   ps.rx_count++;
-  const bool single = !clock && cfg_.source_singles;  // a source path's probes: single, both ways
-  ps.view.on_received(rx, pr.seq, single ? 1 : 2);
+  ps.view.on_received(rx, pr.seq, !clock && cfg_.source_singles ? 1 : 2);
   const ClockModel& m = p->est.model();
 
   // Reverse sample: the peer's send stamps of its previous pair and our receive stamps.
@@ -768,7 +769,7 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
     const Feedback& f = pr.feedback[order[k]];
     if (f.seq == kNoSeq || (ps.fwd_any && f.seq <= ps.last_fwd)) continue;
     const TxPair& t = ps.tx[f.seq % kRing];
-    if (t.seq != f.seq || !t.tx[0] || (!single && !t.tx[1])) continue;
+    if (t.seq != f.seq || !t.tx[0] || (!ps.single && !t.tx[1])) continue;
     ps.last_fwd = f.seq;
     ps.fwd_any = true;
     ps.view.on_feedback(rx, f.rx_count, f.seq);
