@@ -297,49 +297,32 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
   });
 }
 
-// Two engines, one source path of a's from `port` with source_every and
-// source_singles as given: what a sent in 1.5 s once the path was alive, on
-// its rail path and on the source path (packets), and the source path's
-// stats then; after that b stops, and the source path must die.
-struct SourceRun {
-  uint64_t rail = 0, src = 0;
-  SourcePathStats st;
-};
-void source_run(int every, bool singles, uint16_t port, SourceRun* out) {
-  EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
-  ca.source_every = cb.source_every = every;
-  ca.source_singles = cb.source_singles = singles;
-  ProbeEngine a{ca}, b{cb};
-  a.add_peer({"b", {"127.0.0.2"}});
-  b.add_peer({"a", {"127.0.0.1"}});
-  std::string err;
-  ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
-  ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
-  int id = a.add_source_path("b", 0, port, &err);
-  ASSERT_GT(id, 0) << err;
-  ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
-  uint64_t rail0 = a.path("b", 0)->sent, src0 = a.source_path(id)->stats.sent;
-  std::this_thread::sleep_for(1500ms);
-  out->st = *a.source_path(id);
-  out->rail = a.path("b", 0)->sent - rail0;
-  out->src = out->st.stats.sent - src0;
-  printf("in 1.5 s: rail path %llu packets, source path %llu; loss fwd %.2f rev %.2f\n",
-         (unsigned long long)out->rail, (unsigned long long)out->src, out->st.stats.fwd_loss,
-         out->st.stats.rev_loss);
-  b.stop();
-  EXPECT_TRUE(eventually([&] { return !a.source_path(id)->stats.alive; }));
-}
-
 // SHUNT_SOURCE_PROBE_EVERY: source paths go out in every Nth round only
 // (they are most of the probes), and still come alive and die.
 TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
   SKIP_UNLESS_NETNS([] {
-    SourceRun r;
-    source_run(3, false, 40008, &r);
-    EXPECT_GE(r.rail, 10u);
-    EXPECT_GE(r.src * 4, r.rail);  // about a third
-    EXPECT_LE(r.src * 2, r.rail);
-    EXPECT_TRUE(r.st.stats.alive);  // 300 ms apart, dead only after 750 ms
+    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
+    ca.source_every = cb.source_every = 3;
+    ProbeEngine a{ca}, b{cb};
+    a.add_peer({"b", {"127.0.0.2"}});
+    b.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
+    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
+    int id = a.add_source_path("b", 0, 40008, &err);
+    ASSERT_GT(id, 0) << err;
+    ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
+    uint64_t rail0 = a.path("b", 0)->sent, src0 = a.source_path(id)->stats.sent;
+    std::this_thread::sleep_for(1500ms);
+    uint64_t rail = a.path("b", 0)->sent - rail0, src = a.source_path(id)->stats.sent - src0;
+    printf("in 1.5 s: rail path %llu probes, source path %llu\n", (unsigned long long)rail,
+           (unsigned long long)src);
+    EXPECT_GE(rail, 10u);
+    EXPECT_GE(src * 4, rail);  // about a third
+    EXPECT_LE(src * 2, rail);
+    EXPECT_TRUE(a.source_path(id)->stats.alive);  // 300 ms apart, dead only after 750 ms
+    b.stop();
+    EXPECT_TRUE(eventually([&] { return !a.source_path(id)->stats.alive; }));
   });
 }
 
@@ -348,14 +331,31 @@ TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
 // counts singles, so no loss shows), and dead when the peer stops.
 TEST(ClocksyncEngine, SourcePathsCanSendSingleProbes) {
   SKIP_UNLESS_NETNS([] {
-    SourceRun r;
-    source_run(1, true, 40009, &r);
-    EXPECT_GE(r.rail, 10u);
-    EXPECT_LE(r.src * 3, r.rail * 2);  // about half
-    EXPECT_GE(r.src * 3, r.rail);
-    EXPECT_TRUE(r.st.stats.alive);
-    EXPECT_LT(r.st.stats.fwd_loss, 0.2);
-    EXPECT_LT(r.st.stats.rev_loss, 0.2);
+    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
+    ca.source_singles = cb.source_singles = true;
+    ProbeEngine a{ca}, b{cb};
+    a.add_peer({"b", {"127.0.0.2"}});
+    b.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
+    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
+    int id = a.add_source_path("b", 0, 40009, &err);
+    ASSERT_GT(id, 0) << err;
+    ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
+    uint64_t rail0 = a.path("b", 0)->sent, src0 = a.source_path(id)->stats.sent;
+    std::this_thread::sleep_for(1500ms);
+    auto st = a.source_path(id)->stats;
+    uint64_t rail = a.path("b", 0)->sent - rail0, src = st.sent - src0;
+    printf("in 1.5 s: rail path %llu packets, source path %llu; loss fwd %.2f rev %.2f\n",
+           (unsigned long long)rail, (unsigned long long)src, st.fwd_loss, st.rev_loss);
+    EXPECT_GE(rail, 10u);
+    EXPECT_LE(src * 3, rail * 2);  // about half
+    EXPECT_GE(src * 3, rail);
+    EXPECT_TRUE(st.alive);
+    EXPECT_LT(st.fwd_loss, 0.2);
+    EXPECT_LT(st.rev_loss, 0.2);
+    b.stop();
+    EXPECT_TRUE(eventually([&] { return !a.source_path(id)->stats.alive; }));
   });
 }
 
