@@ -62,7 +62,6 @@ struct PathState {
   uint32_t rx_count = 0;
   uint64_t last_fwd = 0, last_rev = 0;  // newest pair seq already turned into a sample
   bool fwd_any = false, rev_any = false;
-  bool single = false;  // ours go out as single probes, not pairs (a source path's)
   PathView view;
 };
 
@@ -91,7 +90,6 @@ struct ProbeEngine::Out {
   SourcePath* sp;  // a reflected path sent on the rail socket, else null
   int rail;
   bool gossip;
-  bool single = false;  // one probe, not a pair
 };
 
 struct ProbeEngine::Peer {
@@ -519,15 +517,13 @@ void ProbeEngine::send_due(int64_t now) {
     for (auto& sp : p->sources) {
       if (sp->round++ % unsigned(source_every(cfg_))) continue;  // not its round
       if (sp->reflected) {
-        send_pair(p->index,
-                  {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false, cfg_.source_singles},
-                  now);
+        send_pair(p->index, {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false}, now);
         sent[sp->rail] = true;
         continue;
       }
       if (p->paths[sp->rail].remote.sin_addr.s_addr == 0) continue;
       sp->ps.remote = p->paths[sp->rail].remote;  // add_peer may have renamed/readdressed it
-      send_pair(p->index, {sp->sock.get(), &sp->ps, &sp->pending, nullptr, sp->rail, false, cfg_.source_singles}, now);
+      send_pair(p->index, {sp->sock.get(), &sp->ps, &sp->pending, nullptr, sp->rail, false}, now);
       if (sp->sock->mode() != StampMode::user) drain_stamps(*sp->sock, sp->pending, sp.get(), sp->rail);
     }
     // Keep the schedule, with a little jitter so hosts do not phase-lock.
@@ -588,18 +584,16 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
     p.gossip_cursor = int((p.gossip_cursor + kMaxGossip) % peers_.size());
   }
   std::array<uint8_t, kMaxProbeSize> b0, b1;
-  size_t n0 = encode(pr, cfg_.key, b0), n1 = 0;
-  const int packets = o.single ? 1 : 2;
-  if (!o.single) {
-    pr.idx = 1;
-    n1 = encode(pr, cfg_.key, b1);
-  }
+  size_t n0 = encode(pr, cfg_.key, b0);
+  pr.idx = 1;
+  size_t n1 = encode(pr, cfg_.key, b1);
   TxPair& tp = ps.tx[pr.seq % kRing];
   tp = TxPair{pr.seq, {0, 0}, now};
-  ps.single = o.single;
   ProbeSocket& s = *o.sock;
-  int64_t ids[2] = {s.send(ps.remote, {b0.data(), n0}), o.single ? -1 : s.send(ps.remote, {b1.data(), n1})};
-  for (int i = 0; i < packets; i++) {
+  int64_t id0 = s.send(ps.remote, {b0.data(), n0});
+  int64_t id1 = s.send(ps.remote, {b1.data(), n1});
+  int64_t ids[2] = {id0, id1};
+  for (int i = 0; i < 2; i++) {
     if (ids[i] < 0) {
       ctr_.send_errors++;
       continue;
@@ -614,7 +608,7 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
     if (pend.size() >= kPendingMax) pend.erase(pend.begin());
     pend.push_back({ids[i], peer_idx, pr.seq, i, o.sp});
   }
-  ps.view.on_sent(now, pr.seq, packets);
+  ps.view.on_sent(now, pr.seq);
 }
 
 void ProbeEngine::receive(ProbeSocket& s, int rail, SourcePath* own) {
@@ -740,7 +734,7 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
   ps.rx_max = ps.rx_any ? std::max(ps.rx_max, pr.seq) : pr.seq;
   ps.rx_any = true;
   ps.rx_count++;
-  ps.view.on_received(rx, pr.seq, !clock && cfg_.source_singles ? 1 : 2);
+  ps.view.on_received(rx, pr.seq);
   const ClockModel& m = p->est.model();
 
   // Reverse sample: the peer's send stamps of its previous pair and our receive stamps.
@@ -761,7 +755,6 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
     }
   }
   // Forward samples: the peer's receive stamps of our pairs, oldest first.
-  const std::function<double(int64_t)> offset = [&m](int64_t at) { return m.offset_at(at); };
   int order[kMaxFeedback] = {0, 1};
   if (pr.n_feedback == 2 && pr.feedback[1].seq < pr.feedback[0].seq) std::swap(order[0], order[1]);
   for (int k = 0; k < kMaxFeedback; k++) {
@@ -769,7 +762,7 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
     const Feedback& f = pr.feedback[order[k]];
     if (f.seq == kNoSeq || (ps.fwd_any && f.seq <= ps.last_fwd)) continue;
     const TxPair& t = ps.tx[f.seq % kRing];
-    if (t.seq != f.seq || !t.tx[0] || (!ps.single && !t.tx[1])) continue;
+    if (t.seq != f.seq || !t.tx[0] || !t.tx[1]) continue;
     ps.last_fwd = f.seq;
     ps.fwd_any = true;
     ps.view.on_feedback(rx, f.rx_count, f.seq);
@@ -777,10 +770,6 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
       p->naive_f = f.rx0 - t.tx[0];
       p->naive_f_t = t.tx[0];
       p->have_f = true;
-    }
-    if (!t.tx[1]) {  // a single probe: liveness, and a raw delay for the queue detector
-      if (f.rx0) ps.view.add_queue_sample(rx, double(f.rx0 - t.tx[0]), m.valid ? &offset : nullptr);
-      continue;
     }
     if (auto d = filter.accept({t.tx[0], t.tx[1], f.rx0, f.rx1})) {
       if (clock) p->est.add_forward({t.tx[0], *d});
@@ -793,6 +782,7 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
     // model when it appears).
     if (f.rx0 && f.rx1) {
       const double raw = double(std::min(f.rx0 - t.tx[0], f.rx1 - t.tx[1]));
+      const std::function<double(int64_t)> offset = [&m](int64_t at) { return m.offset_at(at); };
       ps.view.add_queue_sample(rx, raw, m.valid ? &offset : nullptr);
     }
   }

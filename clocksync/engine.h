@@ -66,10 +66,6 @@ struct EngineConfig {
   // Source paths are probed in every Nth round only, and declared dead after
   // N x dead_ns: they are most of the probes (a bundle has one per shadow).
   int source_every = 1;
-  // Source paths send single probes instead of pairs: liveness and the
-  // queue detector need one packet a round; the pair filter (the clock
-  // model, and the clean one-way delays of queue steering) needs two.
-  bool source_singles = false;
   int64_t pair_tol_ns = 10'000;
   Key key{};
   TestClockSpec test_clock;             // identity unless testing

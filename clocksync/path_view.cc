@@ -15,18 +15,17 @@ void push(std::array<T, N>& ring, int& n, int& head, const T& v) {
 
 }  // namespace
 
-void PathView::on_sent(int64_t, uint64_t seq, int packets) {
+void PathView::on_sent(int64_t, uint64_t seq) {
   if (first_seq_ == ~0ull) first_seq_ = seq;
-  sent_ += uint64_t(packets);
-  packets_ = packets;
+  sent_ += 2;
 }
 
-void PathView::on_received(int64_t now, uint64_t seq, int packets) {
+void PathView::on_received(int64_t now, uint64_t seq) {
   rx_++;
   last_rx_ = now;
   if (peer_first_seq_ == ~0ull || seq < peer_first_seq_) peer_first_seq_ = seq;
   peer_last_seq_ = std::max(peer_last_seq_, seq);
-  push(rc_, nrc_, hrc_, Count{now, uint64_t(packets) * (peer_last_seq_ - peer_first_seq_ + 1), uint32_t(rx_)});
+  push(rc_, nrc_, hrc_, Count{now, 2 * (peer_last_seq_ - peer_first_seq_ + 1), uint32_t(rx_)});
 }
 
 void PathView::on_feedback(int64_t now, uint32_t rx_count, uint64_t seq) {
@@ -34,7 +33,7 @@ void PathView::on_feedback(int64_t now, uint32_t rx_count, uint64_t seq) {
   if (rx_count > last_fb_count_) last_fb_progress_ = now;
   if (rx_count < last_fb_count_) nfb_ = 0;  // the peer restarted: counts start over
   last_fb_count_ = rx_count;
-  push(fb_, nfb_, hfb_, Count{now, uint64_t(packets_) * (seq - first_seq_ + 1), rx_count});
+  push(fb_, nfb_, hfb_, Count{now, 2 * (seq - first_seq_ + 1), rx_count});
 }
 
 void PathView::add_delay(int64_t now, bool forward, double owd_ns) {

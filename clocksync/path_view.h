@@ -29,10 +29,8 @@ class PathView {
   static constexpr int kRing = 256;
   explicit PathView(int64_t window_ns = 10'000'000'000) : window_(window_ns) {}
 
-  // After a pair (packets 2) or a single probe (1) left.
-  void on_sent(int64_t now, uint64_t pair_seq, int packets = 2);
-  // A probe of the peer's arrived; `packets`: how many the peer sends a round.
-  void on_received(int64_t now, uint64_t pair_seq, int packets = 2);
+  void on_sent(int64_t now, uint64_t pair_seq);  // after a pair left
+  void on_received(int64_t now, uint64_t pair_seq);  // a probe of the peer's arrived
   // The peer's cumulative count of our probes and the newest pair it saw.
   void on_feedback(int64_t now, uint32_t rx_count, uint64_t pair_seq);
   void add_delay(int64_t now, bool forward, double owd_ns);
@@ -73,7 +71,6 @@ class PathView {
   std::array<Count, 64> fb_{};
   int nfb_ = 0, hfb_ = 0;
   uint64_t first_seq_ = ~0ull, sent_ = 0;
-  int packets_ = 2;  // ours per round (pairs, or single probes)
   uint64_t rx_ = 0, peer_first_seq_ = ~0ull, peer_last_seq_ = 0;
   // Reverse loss over the window: (time, peer seq, received so far).
   std::array<Count, 64> rc_{};

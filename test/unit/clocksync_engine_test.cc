@@ -326,39 +326,6 @@ TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
   });
 }
 
-// With source_singles a source path sends one probe a round, not a pair:
-// half the packets of its rail path, still alive from both ends (feedback
-// counts singles, so no loss shows), and dead when the peer stops.
-TEST(ClocksyncEngine, SourcePathsCanSendSingleProbes) {
-  SKIP_UNLESS_NETNS([] {
-    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
-    ca.source_singles = cb.source_singles = true;
-    ProbeEngine a{ca}, b{cb};
-    a.add_peer({"b", {"127.0.0.2"}});
-    b.add_peer({"a", {"127.0.0.1"}});
-    std::string err;
-    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
-    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
-    int id = a.add_source_path("b", 0, 40009, &err);
-    ASSERT_GT(id, 0) << err;
-    ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
-    uint64_t rail0 = a.path("b", 0)->sent, src0 = a.source_path(id)->stats.sent;
-    std::this_thread::sleep_for(1500ms);
-    auto st = a.source_path(id)->stats;
-    uint64_t rail = a.path("b", 0)->sent - rail0, src = st.sent - src0;
-    printf("in 1.5 s: rail path %llu packets, source path %llu; loss fwd %.2f rev %.2f\n",
-           (unsigned long long)rail, (unsigned long long)src, st.fwd_loss, st.rev_loss);
-    EXPECT_GE(rail, 10u);
-    EXPECT_LE(src * 3, rail * 2);  // about half
-    EXPECT_GE(src * 3, rail);
-    EXPECT_TRUE(st.alive);
-    EXPECT_LT(st.fwd_loss, 0.2);
-    EXPECT_LT(st.rev_loss, 0.2);
-    b.stop();
-    EXPECT_TRUE(eventually([&] { return !a.source_path(id)->stats.alive; }));
-  });
-}
-
 // The clock segment counts the source paths' liveness changes (a bundle's
 // worker asks the agent only when the count moved): one when the path came
 // alive, one when it died; the rail path's own death is not counted.
