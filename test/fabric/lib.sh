@@ -90,11 +90,13 @@ pingpong_pair() {
 # learn_sports TABLE LEAF ADDR: on router namespace LEAF, an nft table that
 # learns the UDP source ports of RoCE packets from ADDR (set `seen`) and a
 # chain `cut` for drop rules. seen_sports TABLE LEAF lists the ports learnt.
+# Datagrams that expire at the next router (TTL <= 2 here: path discovery's)
+# are no flow and are not learnt.
 learn_sports() {
   ip netns exec "$2" nft -f - <<EOF
 table ip $1 {
   set seen { type inet_service; flags dynamic; }
-  chain learn { type filter hook forward priority -20; ip saddr $3 udp dport 4791 add @seen { udp sport }; }
+  chain learn { type filter hook forward priority -20; ip saddr $3 udp dport 4791 ip ttl > 2 add @seen { udp sport }; }
   chain cut { type filter hook forward priority -30; }
 }
 EOF
