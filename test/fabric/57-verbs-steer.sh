@@ -36,7 +36,7 @@ sleep 6
 
 rank() {  # RANK HOST
   fab exec "$2" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536 \
-    SHUNT_STEER=queue SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8 SHUNT_PATH_DEAD_MS=8000 SHUNT_STALL_MS=8000 SHUNT_LOG_LEVEL=info \
+    SHUNT_STEER=queue SHUNT_PATH_DISCOVERY_MS=0 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8 SHUNT_PATH_DEAD_MS=8000 SHUNT_STALL_MS=8000 SHUNT_LOG_LEVEL=info \
     SHUNT_STATS_FILE="/tmp/st$1.json" SHUNT_EVENT_LOG="/tmp/ev$1.jsonl" \
     "$BENCH" --rank "$1" --world 2 --bootstrap "$a1:29913" --transport verbs -d rxe0 --verb write_imm \
     -b 256K -e 256K --duration 30 -w 8 -c 1 --seg 256K --qp-timeout 18 --stall-timeout 60 > "$TMP/rank$1.out" 2>&1
