@@ -1,13 +1,19 @@
 // The services every host agent runs, and the commands that expose them.
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "clocksync/engine.h"
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
+#include "interpose/core/mono.h"
 #include "interpose/socket/rail_steering.h"
+#include "interpose/verbs/path_discovery.h"
 #include "telemetry/agent_services.h"
 
 namespace shunt::agent {
@@ -66,6 +72,34 @@ json peers_json() {
 // when shadows were renewed on new ports, and drops them when the QP goes.
 // Keyed by the bundle ("GID-QPN" of the application's QP).
 std::map<std::string, std::vector<int>> g_bundle_paths;  // agent thread only
+// Bundles of a host towards one peer share source ports (path discovery
+// serves them the same ports), and a port can be bound once: such bundles
+// share the source path, which goes when the last of them lets it go.
+struct SharedPath {
+  std::string peer;
+  int rail = 0;
+  uint16_t port = 0;
+  int refs = 0;
+};
+std::map<int, SharedPath> g_shared;  // by source path id; agent thread only
+
+int take_source_path(const std::string& peer, int rail, uint16_t port, std::string* err) {
+  for (auto& [id, sp] : g_shared)
+    if (sp.peer == peer && sp.rail == rail && sp.port == port) {
+      sp.refs++;
+      return id;
+    }
+  int id = g_engine->add_source_path(peer, rail, port, err);
+  if (id > 0) g_shared[id] = {peer, rail, port, 1};
+  return id;
+}
+
+void let_go(int id) {
+  auto it = g_shared.find(id);
+  if (it != g_shared.end() && --it->second.refs > 0) return;
+  if (it != g_shared.end()) g_shared.erase(it);
+  g_engine->remove_source_path(id);
+}
 
 json add_bundle_paths(const json& req) {
   if (!g_engine) return {{"error", "no probe engine (SHUNT_PROBE_ADDRS)"}};
@@ -90,7 +124,7 @@ json add_bundle_paths(const json& req) {
         kept.push_back(id);
         have.push_back(sp->port);
       } else {
-        g_engine->remove_source_path(id);
+        let_go(id);
       }
     }
   }
@@ -113,7 +147,7 @@ json add_bundle_paths(const json& req) {
   for (const auto& sp : req.value("sports", json::array())) {
     if (std::find(have.begin(), have.end(), sp.get<uint16_t>()) != have.end()) continue;
     std::string err;
-    int id = g_engine->add_source_path(name, rail, sp.get<uint16_t>(), &err);
+    int id = take_source_path(name, rail, sp.get<uint16_t>(), &err);
     if (id > 0) ids.push_back(id);
     else errors.push_back(err);
   }
@@ -125,7 +159,7 @@ json drop_bundle_paths(const json& req) {
   auto it = g_bundle_paths.find(req.value("key", ""));
   if (it == g_bundle_paths.end()) return {{"ok", false}};
   if (g_engine)
-    for (int id : it->second) g_engine->remove_source_path(id);
+    for (int id : it->second) let_go(id);
   g_bundle_paths.erase(it);
   return {{"ok", true}};
 }
@@ -141,6 +175,38 @@ json bundle_paths_stats(const json& req) {
     if (sp) out.push_back({{"port", sp->port}, {"alive", sp->stats.alive}, {"fwd_queue", queue_json(sp->stats.fwd_queue)}});
   }
   return {{"ok", true}, {"paths", out}};
+}
+
+// Path discovery for the host's bundles (see HopCache): {"local", "peer",
+// "candidates", "wait_ms"} -> {"ports", "hops"} once known, {"pending": true}
+// while the datagrams are out. A discovery runs in a thread of its own, so
+// the agent keeps answering meanwhile.
+std::atomic<int> g_hop_wait_ms{100};
+verbs::HopCache& hop_cache() {
+  static auto* c = new verbs::HopCache(
+      [](const std::string& l, const std::string& p, const std::vector<uint16_t>& ports) {
+        return verbs::hops_of_ports(l, p, ports, 2, g_hop_wait_ms.load());
+      },
+      [](std::function<void()> work) {
+        std::thread([w = std::move(work)] {
+          ReentryGuard guard;  // its sockets are shunt's, not the application's
+          pthread_setname_np(pthread_self(), "shunt-hops");
+          w();
+        }).detach();
+      },
+      60'000);
+  return *c;
+}
+
+json route_hops(const json& req) {
+  const std::string local = req.value("local", ""), peer = req.value("peer", "");
+  const int n = req.value("candidates", 0), wait = req.value("wait_ms", 100);
+  if (local.empty() || peer.empty() || n < 1 || n > 256 || wait < 1 || wait > 5000)
+    return {{"error", "route-hops needs local, peer, candidates (1..256) and wait_ms (1..5000)"}};
+  g_hop_wait_ms = wait;
+  auto e = hop_cache().get(local, peer, n, mono_ms());
+  if (!e) return {{"pending", true}};
+  return {{"ports", e->ports}, {"hops", e->hops}, {"age_ms", mono_ms() - e->at_ms}};
 }
 
 void start_probe_engine() {
@@ -180,6 +246,13 @@ void register_builtin_services() {
       }
     });
     register_command("bundle-paths-drop", drop_bundle_paths);
+    register_command("route-hops", [](const json& r) {
+      try {
+        return route_hops(r);
+      } catch (const json::exception& e) {
+        return json{{"error", std::string("malformed request: ") + e.what()}};
+      }
+    });
     register_command("bundle-paths-stats", bundle_paths_stats);
     register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));

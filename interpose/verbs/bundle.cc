@@ -872,6 +872,40 @@ void start_steering(Bundle* b) {
 // SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
 // more shadows, ports balanced over the routers two hops out, before the
 // shadows connect (their flow labels are theirs alone until then).
+// Discovery's answers for (local, peer) from the host agent, which sends
+// one round of datagrams for all bundles of the host to that peer (see
+// HopCache), less the application QP's own port `prim`. False without an
+// agent that answers; then the bundle sends its own.
+bool shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms, uint32_t prim,
+                 std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
+  const std::string sock = agent::socket_path();
+  if (sock.empty()) return false;
+  const int64_t deadline = mono_ms() + wait_ms + 1000;
+  std::string err;
+  for (;;) {
+    auto r = peer::request(sock,
+                           {{"cmd", "route-hops"}, {"local", local}, {"peer", peer}, {"candidates", candidates},
+                            {"wait_ms", wait_ms}},
+                           1000, &err);
+    if (!r || r->contains("error")) {
+      log::once(LogLevel::info, "route-hops",
+                "path discovery: the host agent does not answer (" + (r ? r->value("error", std::string("?")) : err) +
+                    "); each bundle sends its own datagrams");
+      return false;
+    }
+    if (r->contains("ports") && r->contains("hops")) {
+      auto p = (*r)["ports"].get<std::vector<uint16_t>>();
+      auto h = (*r)["hops"].get<std::vector<std::string>>();
+      if (p.size() != h.size()) return false;
+      for (size_t i = 0; i < p.size(); i++)
+        if (p[i] != prim && (p[i] & 0x3fff)) ports->push_back(p[i]), hops->push_back(h[i]);
+      return true;
+    }
+    if (mono_ms() >= deadline) return false;
+    usleep(10 * 1000);  // pending: another bundle's datagrams (or ours) are out
+  }
+}
+
 void spread_over_routers(Bundle* b) {
   const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
   if (wait_ms <= 0) return;
@@ -882,10 +916,10 @@ void spread_over_routers(Bundle* b) {
     std::string lip, rip;
   };
   std::vector<Job> jobs;
+  const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));  // the application QP's port
   {
     std::lock_guard g(b->mu);
     if (b->dead) return;
-    const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));
     for (int r = 0; r < static_cast<int>(b->rails.size()); r++) {
       Job j{r, {}, {}, {}, {}};
       for (int i = 0; i < static_cast<int>(b->paths.size()); i++)
@@ -904,8 +938,14 @@ void spread_over_routers(Bundle* b) {
   }
   for (auto& j : jobs) {
     std::vector<uint16_t> ports;
-    for (uint32_t fl : j.labels) ports.push_back(static_cast<uint16_t>(sport_of(fl)));
-    std::vector<std::string> hops = hops_of_ports(j.lip, j.rip, ports, 2, wait_ms);
+    std::vector<std::string> hops;
+    if (shared_hops(j.lip, j.rip, static_cast<int>(j.labels.size()), wait_ms, prim, &ports, &hops)) {
+      j.labels.clear();
+      for (uint16_t p : ports) j.labels.push_back(p & 0x3fffu);
+    } else {  // no host agent: this bundle's own candidates
+      for (uint32_t fl : j.labels) ports.push_back(static_cast<uint16_t>(sport_of(fl)));
+      hops = hops_of_ports(j.lip, j.rip, ports, 2, wait_ms);
+    }
     std::vector<int> pick = balanced_pick(hops, static_cast<int>(j.paths.size()));
     std::map<std::string, int> seen;
     for (int k : pick) seen[hops[k]]++;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "interpose/core/mono.h"
 
@@ -126,6 +127,47 @@ std::vector<int> balanced_pick(const std::vector<std::string>& hops, int want) {
   }
   for (size_t k = 0; k < unknown.size() && static_cast<int>(pick.size()) < want; k++) pick.push_back(unknown[k]);
   return pick;
+}
+
+std::vector<uint16_t> candidate_ports(const std::string& local, const std::string& peer, int n, uint64_t salt) {
+  std::seed_seq seq{std::hash<std::string>{}(local + "/" + peer), static_cast<size_t>(salt), static_cast<size_t>(salt >> 32)};
+  std::mt19937 rng(seq);
+  std::uniform_int_distribution<int> label(1, 0x3fff);
+  std::vector<uint16_t> out;
+  n = std::clamp(n, 0, 0x3fff);
+  while (static_cast<int>(out.size()) < n) {
+    auto p = static_cast<uint16_t>(0xC000 | label(rng));
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  return out;
+}
+
+std::optional<HopCache::Entry> HopCache::get(const std::string& local, const std::string& peer, int candidates,
+                                             int64_t now_ms) {
+  std::unique_lock g(mu_);
+  Slot& s = slots_[{local, peer}];
+  if (s.have && now_ms - s.e.at_ms < ttl_ms_ && static_cast<int>(s.e.ports.size()) >= candidates) return s.e;
+  if (s.running) return std::nullopt;
+  s.running = true;
+  // Fresh ports each time: ports of the last round may be bound by now
+  // (the agent's probes of the shadows that took them), and binding is how
+  // a discovery datagram gets its source port.
+  std::vector<uint16_t> ports = candidate_ports(local, peer, candidates, static_cast<uint64_t>(now_ms) ^ (++draws_ << 40));
+  g.unlock();
+  spawn_([this, local, peer, ports, now_ms] {
+    std::vector<std::string> hops = probe_(local, peer, ports);
+    hops.resize(ports.size());
+    std::lock_guard l(mu_);
+    Slot& t = slots_[{local, peer}];
+    t.e.ports = ports;
+    t.e.hops = std::move(hops);
+    t.e.at_ms = now_ms;  // the TTL counts from when the datagrams went
+    t.have = true;
+    t.running = false;
+  });
+  g.lock();
+  if (s.have && !s.running && static_cast<int>(s.e.ports.size()) >= candidates && s.e.ports == ports) return s.e;
+  return std::nullopt;
 }
 
 }  // namespace shunt::verbs

@@ -14,6 +14,10 @@
 // routers answered, nothing changes.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,5 +33,49 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
 // candidate order within each), unknown ones last. Fewer than two distinct
 // known hops: the first `want` candidates, as without discovery.
 std::vector<int> balanced_pick(const std::vector<std::string>& hops, int want);
+
+// What discovery found per (local address, peer address), kept by the host
+// agent so that every bundle of the host towards that peer is served by one
+// round of datagrams. Routers limit ICMP per destination host: the bundles
+// a job opens at once, each sending its own candidates, left all but the
+// first unanswered (and placed by the hash). The bundles that share an entry
+// share its ports too (the same 5-tuples, so the same routes, and the host
+// agent probes each such port once).
+class HopCache {
+ public:
+  struct Entry {
+    std::vector<uint16_t> ports;   // candidate UDP source ports, in the order they were tried
+    std::vector<std::string> hops; // the router that answered for each, or ""
+    int64_t at_ms = 0;             // when its datagrams went
+  };
+  // Runs a discovery: hops of `ports` from local to peer (hops_of_ports).
+  using Probe = std::function<std::vector<std::string>(const std::string& local, const std::string& peer,
+                                                      const std::vector<uint16_t>& ports)>;
+  // Runs `work` somewhere (a thread of its own in the agent; inline in tests).
+  using Spawn = std::function<void(std::function<void()> work)>;
+  HopCache(Probe probe, Spawn spawn, int64_t ttl_ms) : probe_(std::move(probe)), spawn_(std::move(spawn)), ttl_ms_(ttl_ms) {}
+  // The entry for (local, peer) when it is younger than the TTL and tried at
+  // least `candidates` ports. Otherwise a new discovery of `candidates`
+  // fresh random ports starts (unless one for that pair runs already) and
+  // the answer is nullopt: ask again shortly.
+  std::optional<Entry> get(const std::string& local, const std::string& peer, int candidates, int64_t now_ms);
+
+ private:
+  struct Slot {
+    Entry e;
+    bool have = false, running = false;
+  };
+  Probe probe_;
+  Spawn spawn_;
+  int64_t ttl_ms_;
+  std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, Slot> slots_;
+  uint64_t draws_ = 0;
+};
+
+// Random candidate source ports for (local, peer): `n` distinct ports in
+// 0xC001..0xFFFF, so each is the port of flow label (port & 0x3fff) (the
+// kernel's rdma_flow_label_to_udp_sport for labels below 0x4000).
+std::vector<uint16_t> candidate_ports(const std::string& local, const std::string& peer, int n, uint64_t salt);
 
 }  // namespace shunt::verbs

@@ -106,8 +106,21 @@ after = until_probed([50002, 50003])
 kept, new = after[50002]["fwd_queue"]["samples"], after[50003]["fwd_queue"]["samples"]
 assert kept >= before[50002]["fwd_queue"]["samples"] and kept >= new + 3, (before[50002], after)
 print(f"ok: renewed source paths: 50001 gone, 50003 probed ({new} queue samples), 50002 kept ({kept}, not restarted)")
+# Another bundle to the same peer on a port already probed (path discovery
+# gives a host's bundles the same ports): it shares that source path (a
+# port binds once), which outlives the first bundle's drop.
+ans = ask({"cmd": "bundle-paths", "key": key + "-2", "peer": peer, "local": local, "sports": [50002]})
+assert ans.get("ok") and ans["paths"] == 1 and not ans["errors"], ans
 assert ask({"cmd": "bundle-paths-drop", "key": key}).get("ok")
 assert "error" in ask({"cmd": "bundle-paths-stats", "key": key})
+n0 = ask({"cmd": "bundle-paths-stats", "key": key + "-2"})["paths"][0]["fwd_queue"]["samples"]
+for _ in range(50):
+    p = ask({"cmd": "bundle-paths-stats", "key": key + "-2"})["paths"][0]
+    if p["fwd_queue"]["samples"] > n0 + 2: break
+    time.sleep(0.1)
+assert p["port"] == 50002 and p["alive"] and p["fwd_queue"]["samples"] > n0 + 2, p
+print("ok: a second bundle on port 50002 shares its source path, still probed after the first bundle dropped it")
+assert ask({"cmd": "bundle-paths-drop", "key": key + "-2"}).get("ok")
 PY
 
 alive() { peers 1 | python3 -c '

@@ -8,6 +8,8 @@
 # - the fabric agrees: an nft set on s1 records the source ports of the
 #   RoCE packets it really forwarded, and the shadows one router answered
 #   for all crossed s1, the other router's none of them;
+# - two jobs started at once on the same hosts are both placed 4:4, on the
+#   same ports (the host agent sends one round of datagrams for both);
 # - the same job with SHUNT_PATH_DISCOVERY_MS=0 is shown for comparison
 #   (where the hash alone puts its shadows).
 . "$(dirname "$0")/lib.sh"
@@ -20,9 +22,10 @@ KEY=discovery-$$
 a1=$(fab addr h1 r0)
 sport_watch
 
-# job TAG PORT [VAR=VALUE...]
-job() {
-  local tag=$1 port=$2 r pids=()
+# job_start TAG PORT [VAR=VALUE...]: both ranks in the background (PIDS)
+PIDS=()
+job_start() {
+  local tag=$1 port=$2 r
   shift 2
   for r in 1 0; do
     fab exec "h$((r + 1))" -- timeout 120 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=split \
@@ -30,13 +33,20 @@ job() {
       SHUNT_STATS_FILE="/tmp/$tag$r.json" "$@" "$BENCH" --rank $r --world 2 --bootstrap "$a1:$port" \
       --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K --duration 6 -w 4 -c 1 --seg 256K \
       > "$TMP/$tag$r.out" 2>&1 &
-    pids+=($!)
+    PIDS+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p" || { cat "$TMP/$tag"*.out; fail "$tag: a rank failed"; }; done
-  grep -v '^#' "$TMP/${tag}0.out" | awk 'NF == 9 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
-    { cat "$TMP/${tag}0.out"; fail "$tag: #wrong not 0"; }
-  fab exec h1 -- cat "/tmp/${tag}0.json" > "$TMP/$tag.json" || fail "$tag: no stats"
 }
+job_wait() {  # TAG...
+  local p tag
+  for p in "${PIDS[@]}"; do wait "$p" || { cat "$TMP/"*.out; fail "$*: a rank failed"; }; done
+  PIDS=()
+  for tag in "$@"; do
+    grep -v '^#' "$TMP/${tag}0.out" | awk 'NF == 9 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
+      { cat "$TMP/${tag}0.out"; fail "$tag: #wrong not 0"; }
+    fab exec h1 -- cat "/tmp/${tag}0.json" > "$TMP/$tag.json" || fail "$tag: no stats"
+  done
+}
+job() { job_start "$@"; job_wait "$1"; }
 
 note "discovery on (the default)"
 job on 29931
@@ -61,6 +71,28 @@ for r, ports in routers.items():
     seen = {p in on_s1 for p in ports}
     assert len(seen) == 1, "router %s's shadows crossed both spines" % r
 assert len({all(p in on_s1 for p in v) for v in routers.values()}) == 2, "both routers' shadows on one spine"
+EOF
+
+note "two jobs at once on the same hosts: the host agent's one round of datagrams serves both"
+# Routers answer a burst of about 6 ICMP messages per destination host: two
+# bundles each sending 24 datagrams at once would leave the second one's
+# ports mostly unanswered (placed by the hash).
+job_start two-a 29933
+job_start two-b 29934
+job_wait two-a two-b
+python3 - "$TMP/two-a.json" "$TMP/two-b.json" <<'EOF' || fail "two jobs at once"
+import json, sys
+placed = []
+for f in sys.argv[1:]:
+    b = next(q["bundle"] for q in json.load(open(f))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
+    routers = {}
+    for p in b["paths"]:
+        routers.setdefault(p["router"], []).append(p["udp_sport"])
+    print("%s: %s" % (f.rsplit("/", 1)[-1], {r or "(none)": len(v) for r, v in sorted(routers.items())}))
+    assert "" not in routers and sorted(len(v) for v in routers.values()) == [4, 4], "not 4 shadows on each of 2 routers"
+    placed.append(sorted(p["udp_sport"] for p in b["paths"]))
+assert placed[0] == placed[1], "the two bundles did not share the host's discovered ports"
+print("both bundles: 4 shadows per router, on the same %d ports" % len(placed[0]))
 EOF
 
 note "discovery off, for comparison"

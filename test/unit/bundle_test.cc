@@ -796,3 +796,57 @@ TEST(PathDiscovery, PicksPortsBalancedOverTheRoutersThatAnswered) {
   EXPECT_EQ(balanced_pick({"", "s1", "", "s1"}, 2), (V{0, 1}));                // one router: unchanged
   EXPECT_EQ(balanced_pick({"", "", ""}, 2), (V{0, 1}));
 }
+
+// The host agent's discovery cache: one round of datagrams per (local, peer)
+// serves every bundle that asks within the TTL; askers during the round hear
+// "pending" and start no second round; more candidates, or an old entry,
+// start a round on fresh ports.
+TEST(PathDiscovery, OneRoundServesEveryBundleOfAHostTowardsAPeer) {
+  int rounds = 0;
+  std::vector<std::vector<uint16_t>> asked;
+  std::vector<std::function<void()>> queued;
+  HopCache cache(
+      [&](const std::string& l, const std::string& p, const std::vector<uint16_t>& ports) {
+        EXPECT_EQ(l, "10.0.0.1");
+        EXPECT_EQ(p, "10.0.1.1");
+        rounds++;
+        asked.push_back(ports);
+        std::vector<std::string> hops;
+        for (uint16_t port : ports) hops.push_back(port & 1 ? "s1" : "s2");
+        return hops;
+      },
+      [&](std::function<void()> w) { queued.push_back(std::move(w)); }, 60'000);
+  // The first asker starts a round; it and a second asker wait for it.
+  EXPECT_FALSE(cache.get("10.0.0.1", "10.0.1.1", 12, 1000));
+  EXPECT_FALSE(cache.get("10.0.0.1", "10.0.1.1", 12, 1010));
+  ASSERT_EQ(queued.size(), 1u);
+  queued[0]();
+  EXPECT_EQ(rounds, 1);
+  ASSERT_EQ(asked[0].size(), 12u);
+  for (uint16_t p : asked[0]) {
+    EXPECT_GT(p, 0xC000);  // the port of flow label p & 0x3fff, which is not 0
+    EXPECT_EQ(std::count(asked[0].begin(), asked[0].end(), p), 1);
+  }
+  // Every bundle now gets the same answer, without a datagram more.
+  auto a = cache.get("10.0.0.1", "10.0.1.1", 12, 1200), b = cache.get("10.0.0.1", "10.0.1.1", 8, 30'000);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->ports, asked[0]);
+  EXPECT_EQ(b->ports, asked[0]);
+  EXPECT_EQ(a->hops.size(), 12u);
+  EXPECT_EQ(a->hops[0], asked[0][0] & 1 ? "s1" : "s2");
+  EXPECT_EQ(queued.size(), 1u);
+  // Another peer is another round.
+  EXPECT_FALSE(cache.get("10.0.0.1", "10.0.2.1", 12, 1300));
+  EXPECT_EQ(queued.size(), 2u);
+  // A bundle with more shadows needs more candidates: a new round, new ports.
+  EXPECT_FALSE(cache.get("10.0.0.1", "10.0.1.1", 24, 2000));
+  ASSERT_EQ(queued.size(), 3u);
+  queued[2]();
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[1].size(), 24u);
+  EXPECT_NE(asked[1], asked[0]);
+  // Past the TTL the answers may be stale (a spine gone): a new round.
+  EXPECT_TRUE(cache.get("10.0.0.1", "10.0.1.1", 24, 61'000));
+  EXPECT_FALSE(cache.get("10.0.0.1", "10.0.1.1", 24, 62'001));
+  EXPECT_EQ(queued.size(), 4u);
+}
