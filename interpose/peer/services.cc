@@ -9,9 +9,9 @@
 
 #include "clocksync/engine.h"
 #include "interpose/core/log.h"
+#include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
-#include "interpose/core/mono.h"
 #include "interpose/socket/rail_steering.h"
 #include "interpose/verbs/path_discovery.h"
 #include "telemetry/agent_services.h"

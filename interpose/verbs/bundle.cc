@@ -869,9 +869,7 @@ void start_steering(Bundle* b) {
   }
   if (probed) wake_worker(b);
 }
-// SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
-// more shadows, ports balanced over the routers two hops out, before the
-// shadows connect (their flow labels are theirs alone until then).
+
 // Discovery's answers for (local, peer) from the host agent, which sends
 // one round of datagrams for all bundles of the host to that peer (see
 // HopCache), less the application QP's own port `prim`. False without an
@@ -906,6 +904,9 @@ bool shared_hops(const std::string& local, const std::string& peer, int candidat
   }
 }
 
+// SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
+// more shadows, ports balanced over the routers two hops out, before the
+// shadows connect (their flow labels are theirs alone until then).
 void spread_over_routers(Bundle* b) {
   const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
   if (wait_ms <= 0) return;
