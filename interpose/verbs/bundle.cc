@@ -872,9 +872,9 @@ void start_steering(Bundle* b) {
 
 // Discovery's answers for (local, peer) from the host agent, which sends
 // one round of datagrams for all bundles of the host to that peer (see
-// HopCache), less the application QP's own port `prim`. False without an
-// agent that answers; then the bundle sends its own.
-bool shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms, uint32_t prim,
+// HopCache). False without an agent that answers; then the bundle sends its
+// own.
+bool shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms,
                  std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
   const std::string sock = agent::socket_path();
   if (sock.empty()) return false;
@@ -892,12 +892,9 @@ bool shared_hops(const std::string& local, const std::string& peer, int candidat
       return false;
     }
     if (r->contains("ports") && r->contains("hops")) {
-      auto p = (*r)["ports"].get<std::vector<uint16_t>>();
-      auto h = (*r)["hops"].get<std::vector<std::string>>();
-      if (p.size() != h.size()) return false;
-      for (size_t i = 0; i < p.size(); i++)
-        if (p[i] != prim && (p[i] & 0x3fff)) ports->push_back(p[i]), hops->push_back(h[i]);
-      return true;
+      *ports = (*r)["ports"].get<std::vector<uint16_t>>();
+      *hops = (*r)["hops"].get<std::vector<std::string>>();
+      return ports->size() == hops->size();
     }
     if (mono_ms() >= deadline) return false;
     usleep(10 * 1000);  // pending: another bundle's datagrams (or ours) are out
@@ -913,40 +910,32 @@ void spread_over_routers(Bundle* b) {
   struct Job {
     int rail;
     std::vector<int> paths;
-    std::vector<uint32_t> labels;
     std::string lip, rip;
   };
   std::vector<Job> jobs;
-  const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));  // the application QP's port
+  const uint32_t seed = label_seed(b);
+  const uint32_t prim = sport_of(flow_label_for(seed, -1));  // the application QP's port
   {
     std::lock_guard g(b->mu);
     if (b->dead) return;
     for (int r = 0; r < static_cast<int>(b->rails.size()); r++) {
-      Job j{r, {}, {}, {}, {}};
+      Job j{r, {}, {}, {}};
       for (int i = 0; i < static_cast<int>(b->paths.size()); i++)
         if (b->paths[i].rail == r) j.paths.push_back(i);
       if (j.paths.size() < 2 || !gid_v4(b->rails[r].lgid, &j.lip) || !gid_v4(b->rails[r].rgid, &j.rip)) continue;
-      const uint32_t seed = label_seed(b) ^ (0x9e3779b9u * static_cast<uint32_t>(r + 1));
-      std::vector<uint32_t> ports;
-      for (int t = 0; static_cast<int>(j.labels.size()) < 3 * static_cast<int>(j.paths.size()) && t < 64; t++) {
-        uint32_t fl = flow_label_for(seed, t), sp = sport_of(fl);
-        if (sp == prim || std::find(ports.begin(), ports.end(), sp) != ports.end()) continue;
-        j.labels.push_back(fl);
-        ports.push_back(sp);
-      }
       jobs.push_back(std::move(j));
     }
   }
   for (auto& j : jobs) {
+    const int want = 3 * static_cast<int>(j.paths.size());
     std::vector<uint16_t> ports;
     std::vector<std::string> hops;
-    if (shared_hops(j.lip, j.rip, static_cast<int>(j.labels.size()), wait_ms, prim, &ports, &hops)) {
-      j.labels.clear();
-      for (uint16_t p : ports) j.labels.push_back(p & 0x3fffu);
-    } else {  // no host agent: this bundle's own candidates
-      for (uint32_t fl : j.labels) ports.push_back(static_cast<uint16_t>(sport_of(fl)));
+    if (!shared_hops(j.lip, j.rip, want, wait_ms, &ports, &hops)) {  // no host agent: this bundle's own candidates
+      ports = candidate_ports(j.lip, j.rip, want, seed);
       hops = hops_of_ports(j.lip, j.rip, ports, 2, wait_ms);
     }
+    for (size_t i = ports.size(); i-- > 0;)  // never the application QP's own port
+      if (ports[i] == prim) ports.erase(ports.begin() + i), hops.erase(hops.begin() + i);
     std::vector<int> pick = balanced_pick(hops, static_cast<int>(j.paths.size()));
     std::map<std::string, int> seen;
     for (int k : pick) seen[hops[k]]++;
@@ -960,7 +949,7 @@ void spread_over_routers(Bundle* b) {
       continue;
     }
     for (size_t k = 0; k < pick.size() && k < j.paths.size(); k++) {
-      b->paths[j.paths[k]].flow_label = j.labels[pick[k]];
+      b->paths[j.paths[k]].flow_label = ports[pick[k]] & 0x3fffu;  // the label whose port it is (sport_of)
       b->paths[j.paths[k]].router = hops[pick[k]];
     }
     log::info("{} QP {}: rail {}: {} shadows over {}", b->ctx->device, b->pqp->qp_num, j.rail, j.paths.size(), spread);
