@@ -56,6 +56,8 @@ delta() {
   python3 - "$TMP/$1" "$TMP/$2" "$3" "$4" <<'EOF'
 import json, sys
 a, b = (json.load(open(p))["links"][sys.argv[3]] for p in sys.argv[1:3])
+if a is None or b is None:
+    sys.exit("delta: no counters of link %s in %s" % (sys.argv[3], sys.argv[1 if a is None else 2]))
 print(b[sys.argv[4]] - a[sys.argv[4]])
 EOF
 }
