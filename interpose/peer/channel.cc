@@ -9,7 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -251,6 +254,43 @@ std::optional<json> call(const std::string& addr, int port, const Key& job, cons
   if (!out && err->empty()) *err = "no reply in time";
   ::close(fd);
   return out;
+}
+
+namespace {
+struct Race {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<json> answer;
+  std::string err;
+  size_t left = 0, winner = 0;
+};
+}  // namespace
+
+std::optional<json> race(const std::vector<std::string>& addrs, int port, const Key& job, const json& req,
+                         int timeout_ms, size_t* winner, std::string* err, int hedge_ms, int hedges) {
+  auto r = std::make_shared<Race>();
+  std::unique_lock l(r->mu);
+  for (int h = 0; h < std::max(1, hedges) && !r->answer; h++) {
+    if (h) r->cv.wait_for(l, std::chrono::milliseconds(hedge_ms), [&] { return r->answer.has_value(); });
+    if (r->answer) break;
+    for (size_t k = 0; k < addrs.size(); k++) {
+      r->left++;
+      std::thread([r, ip = addrs[k], port, job, req, timeout_ms, k] {
+        ReentryGuard guard;
+        std::string e;
+        auto a = call(ip, port, job, req, timeout_ms, &e);
+        std::lock_guard g(r->mu);
+        if (a && !r->answer) r->answer = std::move(a), r->winner = k;
+        if (!a) r->err = e;
+        r->left--;
+        r->cv.notify_all();
+      }).detach();
+    }
+  }
+  r->cv.wait(l, [&] { return r->answer.has_value() || r->left == 0; });
+  if (!r->answer) *err = r->err;
+  *winner = r->winner;
+  return r->answer;
 }
 
 }  // namespace shunt::peer

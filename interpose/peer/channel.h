@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "interpose/peer/session.h"
 
@@ -24,6 +25,19 @@ int start_process_listener(const Key& job, RequestHandler h);
 // request and returns its reply, or nullopt with *err set.
 std::optional<nlohmann::json> call(const std::string& addr, int port, const Key& job,
                                    const nlohmann::json& req, int timeout_ms, std::string* err);
+
+// One round of a request to a peer: sent on each of its addresses at once,
+// each on a new connection; the first reply wins (*winner: its address's
+// index). A connection whose route died (a dead spine drops its SYN or its
+// reply) would hold the round for the whole timeout; so where no reply came
+// within hedge_ms, the round opens new connections to every address again
+// (new source ports: new draws of the fabric's ECMP hash, both ways), up to
+// `hedges` per address. The request goes several times: a request that
+// changes state must carry an id the peer answers the same way each time
+// (the peer serves its connections one after another).
+std::optional<nlohmann::json> race(const std::vector<std::string>& addrs, int port, const Key& job,
+                                   const nlohmann::json& req, int timeout_ms, size_t* winner, std::string* err,
+                                   int hedge_ms = 150, int hedges = 6);
 
 // Counters of the listener (for tests and metrics).
 struct ListenerCounters {

@@ -2009,44 +2009,6 @@ void give_up(Bundle* b, const std::string& why) {
                    {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
 }
 
-// Asks the peer's shim, trying again on a new connection (a new source
-// port, so where a spine is dead another chance of an ECMP path around it)
-// until total_ms. Every try carries the same request id: a peer that
-// executed the request but whose answer was lost answers the same again.
-// One round of a request to the peer: sent on every one of its addresses
-// at once, each on a new connection; the first answer wins. The peer serves
-// them one after another and answers the same request id the same way.
-struct Race {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<json> answer;
-  std::string err;
-  size_t left = 0, winner = 0;
-};
-
-std::optional<json> race(const std::vector<std::string>& ips, int port, const json& req, int timeout_ms,
-                         size_t* winner, std::string* err) {
-  auto r = std::make_shared<Race>();
-  r->left = ips.size();
-  peer::Key key = peer::job_key_from(config().str(Param::job_key));
-  for (size_t k = 0; k < ips.size(); k++)
-    std::thread([r, ip = ips[k], port, req, timeout_ms, k, key] {
-      ReentryGuard guard;
-      std::string e;
-      auto a = peer::call(ip, port, key, req, timeout_ms, &e);
-      std::lock_guard l(r->mu);
-      if (a && !r->answer) r->answer = std::move(a), r->winner = k;
-      if (!a) r->err = e;
-      r->left--;
-      r->cv.notify_all();
-    }).detach();
-  std::unique_lock l(r->mu);
-  r->cv.wait(l, [&] { return r->answer.has_value() || r->left == 0; });
-  if (!r->answer) *err = r->err;
-  *winner = r->winner;
-  return r->answer;
-}
-
 // Asks the peer's shim until total_ms, on all of its addresses (its other
 // rails: the one behind its GID may be the one that failed), trying again
 // on new connections (new source ports, so where a spine is dead another
@@ -2064,6 +2026,7 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
   uint64_t rid = 0;
   if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(now_ns());
   req["rid"] = rid & 0xffffffffffffull;
+  const peer::Key key = peer::job_key_from(config().str(Param::job_key));
   int64_t deadline = mono_ms() + total_ms;
   while (mono_ms() < deadline) {
     int port;
@@ -2073,8 +2036,8 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
     }
     size_t k = 0;
     if (!port) {  // the peer's process listener, through its host agent
-      auto r = race(ips, static_cast<int>(config().num(Param::peer_port)),
-                    {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 1000, &k, err);
+      auto r = peer::race(ips, static_cast<int>(config().num(Param::peer_port)), key,
+                          {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 1000, &k, err);
       if (r && r->value("port", 0) > 0) {
         port = r->value("port", 0);
         std::lock_guard g(b->mu);
@@ -2082,7 +2045,7 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
       }
     }
     if (port) {
-      auto r = race(ips, port, req, 1000, &k, err);
+      auto r = peer::race(ips, port, key, req, 1000, &k, err);
       if (r) return r;
     }
     usleep(20 * 1000);
