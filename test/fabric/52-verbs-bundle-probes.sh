@@ -13,7 +13,7 @@
 # `shuntctl peers`, and on the spines every shadow's (address, source
 # port) was seen probing on the spine that carried its RoCE packets and on
 # no other. The application's QPs too: shunt gives them a flow label, so
-# their ports are known and probed, and h1's fails by its lost probes.
+# their ports are known and probed, and they fail by their lost probes.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -77,16 +77,25 @@ grep -q "failed (its own probes are lost" "$TMP"/rank*.out || fail "no path fail
 
 # The application's own QPs: shunt gave each a flow label at RTR, so its
 # source port is known and probed too (checked on the spines below), and
-# h1's failed in the fault by its lost probes, before any retransmission
-# could tell (its retry count is 7: it never fails by retries).
+# they failed in the fault by their lost probes, before any retransmission
+# could tell (the retry count is 7: they never fail by retries). Both ends'
+# probes are lost at about the same time; the end that finds it first
+# moves the two-sided work off its QP, and that move takes the other end's
+# QP out of service too (no failure of its own to log). So: one end's
+# failed by its lost probes, and both ends' are out of service.
 for r in 0 1; do
   prim=$(jget "$TMP/p$r.json" '" ".join(str(q["bundle"]["primary"]["udp_sport"]) for q in d["verbs"]["qps"] if "bundle" in q and q["bundle"]["paths"])')
   echo "rank $r: application QP's source port $prim"
   [[ $prim =~ ^[0-9]+$ ]] || fail "rank $r: the application QP's source port is not known: $prim"
   echo "${addr[h$((r + 1))rxe0]}:$prim" >> "$TMP/all-sports"
 done
-grep "path primary failed" "$TMP/rank0.out" | head -2
-grep -q "path primary failed (its own probes are lost" "$TMP/rank0.out" || fail "h1's application QP did not fail by its lost probes"
+grep -h "path primary failed" "$TMP"/rank*.out | head -2
+grep -q "path primary failed (its own probes are lost" "$TMP"/rank*.out ||
+  fail "neither end's application QP failed by its lost probes"
+for r in 0 1; do
+  down=$(jget "$TMP/p$r.json" '[q["bundle"]["primary_down"] for q in d["verbs"]["qps"] if "bundle" in q and q["bundle"]["paths"]]')
+  [ "$down" = "[True]" ] || fail "rank $r: the application QP is still in service after the fault: $down"
+done
 
 declare -A roce probe
 for s in s1 s2; do roce[$s]=" $(sport_seen $s roce) "; probe[$s]=" $(sport_seen $s probe) "; done
