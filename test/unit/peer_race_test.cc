@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -84,48 +86,54 @@ struct FakePeer {
 };
 }  // namespace
 
+namespace {
+// One round against a fake peer silent on its first `silent` connections.
+struct Round {
+  std::optional<json> reply;
+  std::string err;
+  size_t winner = 9;
+  int64_t ms = 0;
+  int accepted = 0, served = 0;
+};
+Round race_round(int silent, const json& req, int timeout_ms, int hedge_ms, int hedges, int settle_ms = 0) {
+  Key k = job_key_from("race");
+  FakePeer peer(k, silent);
+  Round o;
+  if (peer.port <= 0) return o;
+  auto t0 = std::chrono::steady_clock::now();
+  o.reply = race({"127.0.0.1"}, peer.port, k, req, timeout_ms, &o.winner, &o.err, hedge_ms, hedges);
+  o.ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));  // late connections, if any, arrive
+  o.accepted = peer.accepted.load();
+  o.served = peer.served.load();
+  return o;
+}
+}  // namespace
+
 // Without a second connection the round would wait out its timeout on the
 // first and come back empty.
 TEST(PeerRace, ANewConnectionGetsThroughWhereTheFirstIsLost) {
-  Key k = job_key_from("race");
-  FakePeer peer(k, 2);
-  ASSERT_GT(peer.port, 0);
-  size_t winner = 9;
-  std::string err;
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = race({"127.0.0.1"}, peer.port, k, {{"cmd", "ping"}, {"rid", 7}}, 1000, &winner, &err, 100, 6);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_TRUE(r.has_value()) << err;
-  EXPECT_EQ((*r)["echo"]["rid"], 7);
-  EXPECT_EQ(winner, 0u);
-  EXPECT_GE(peer.accepted.load(), 3);  // two lost, the third served
-  EXPECT_LT(ms, 1000) << "the round waited for the lost connections";
+  Round o = race_round(2, {{"cmd", "ping"}, {"rid", 7}}, 1000, 100, 6);
+  ASSERT_TRUE(o.reply.has_value()) << o.err;
+  EXPECT_EQ((*o.reply)["echo"]["rid"], 7);
+  EXPECT_EQ(o.winner, 0u);
+  EXPECT_GE(o.accepted, 3);  // two lost, the third served
+  EXPECT_LT(o.ms, 1000) << "the round waited for the lost connections";
 }
 
 // A healthy peer answers the first connection: no more are opened.
 TEST(PeerRace, AHealthyPeerGetsOneConnection) {
-  Key k = job_key_from("race");
-  FakePeer peer(k, 0);
-  ASSERT_GT(peer.port, 0);
-  size_t winner = 9;
-  std::string err;
-  auto r = race({"127.0.0.1"}, peer.port, k, {{"cmd", "ping"}}, 1000, &winner, &err, 300, 6);
-  ASSERT_TRUE(r.has_value()) << err;
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  EXPECT_EQ(peer.accepted.load(), 1);
-  EXPECT_EQ(peer.served.load(), 1);
+  Round o = race_round(0, {{"cmd", "ping"}}, 1000, 300, 6, 400);
+  ASSERT_TRUE(o.reply.has_value()) << o.err;
+  EXPECT_EQ(o.accepted, 1);
+  EXPECT_EQ(o.served, 1);
 }
 
 // Every connection lost: the round ends empty, after the last hedge's
 // timeout, with the reason.
 TEST(PeerRace, EveryConnectionLostEndsTheRoundEmpty) {
-  Key k = job_key_from("race");
-  FakePeer peer(k, 100);
-  ASSERT_GT(peer.port, 0);
-  size_t winner = 9;
-  std::string err;
-  auto r = race({"127.0.0.1"}, peer.port, k, {{"cmd", "ping"}}, 300, &winner, &err, 50, 3);
-  EXPECT_FALSE(r.has_value());
-  EXPECT_FALSE(err.empty());
-  EXPECT_EQ(peer.accepted.load(), 3);
+  Round o = race_round(100, {{"cmd", "ping"}}, 300, 50, 3);
+  EXPECT_FALSE(o.reply.has_value());
+  EXPECT_FALSE(o.err.empty());
+  EXPECT_EQ(o.accepted, 3);
 }
