@@ -84,9 +84,7 @@ struct FakePeer {
     }
   }
 };
-}  // namespace
 
-namespace {
 // One round against a fake peer silent on its first `silent` connections.
 struct Round {
   std::optional<json> reply;
