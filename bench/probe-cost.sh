@@ -9,7 +9,11 @@
 # busbw, the medians, and their ratios (target of the failover issue:
 # probing costs <= 2% busbw, i.e. probes / shunt >= 0.98). The guests have
 # one CPU each on two host cores, so every probe packet costs the job: the
-# ratio here is the worst case, not a datacenter host's.
+# ratio here is the worst case, not a datacenter host's. The busbw of
+# these guests moves by a third between runs with the host's load, so
+# each run also samples the CPU time of shunt's own threads on h1
+# (bench/thread-cpu.sh): their share of the guest's CPU, a steadier
+# figure of what shunt and its probing cost.
 SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
 need_guests
@@ -35,12 +39,17 @@ run() {
       --duration "$DUR" -c 1 -q --seg 64K --retry-cnt 6 --qp-timeout 14 > "$TMP/$kind-$r" 2>&1 &
     pids+=($!)
   done
+  # shunt's own threads on h1 (the rank's threads but its main one), 8 s
+  # of the run's steady state: what shunt costs the guest's one CPU.
+  fab exec h1 -- bash "$SHUNT_ROOT/bench/thread-cpu.sh" shunt-bench $((DUR / 3)) $((DUR / 2)) > "$TMP/$kind-cpu" 2>&1 &
+  pids+=($!)
   for p in "${pids[@]}"; do wait "$p" || { cat "$TMP/$kind-0" "$TMP/$kind-1" >&2; fail "$kind run failed"; }; done
   grep -q "^# Errors seen *: 0" "$TMP/$kind-0" || fail "$kind: errors seen: $(grep 'Errors seen' "$TMP/$kind-0")"
   awk '/Avg bus bandwidth/ { print $NF }' "$TMP/$kind-0"
 }
 
-declare -A all
+declare -A all cpu
+cpu_pct() { awk '{ printf "%.1f%%", 100 * $NF }' <<< "$1"; }  # the newest sample
 for ((i = 1; i <= ROUNDS; i++)); do
   line="  round $i:"
   for kind in none shunt probes; do
@@ -48,16 +57,20 @@ for ((i = 1; i <= ROUNDS; i++)); do
     [ -n "$bw" ] || fail "$kind: no busbw"
     all[$kind]+="$bw "
     line+=" $kind $bw"
+    read -r _ h _ t < "$TMP/$kind-cpu" && [ "${t:-0}" -gt 0 ] || fail "$kind: no CPU sample: $(cat "$TMP/$kind-cpu")"
+    cpu[$kind]+="$(awk -v h="$h" -v t="$t" 'BEGIN { printf "%.4f", h / t }') "
   done
-  echo "$line GB/s"
+  echo "$line GB/s; shunt's threads on h1: shunt $(cpu_pct "${cpu[shunt]}") probes $(cpu_pct "${cpu[probes]}")"
 done
-python3 - "${all[none]}" "${all[shunt]}" "${all[probes]}" <<'EOF'
+python3 - "${all[none]}" "${all[shunt]}" "${all[probes]}" "${cpu[shunt]}" "${cpu[probes]}" <<'EOF'
 import statistics as st, sys
-none, shunt, probes = ([float(x) for x in a.split()] for a in sys.argv[1:4])
+none, shunt, probes, cpu_shunt, cpu_probes = ([float(x) for x in a.split()] for a in sys.argv[1:6])
 m = {k: st.median(v) for k, v in (("none", none), ("shunt", shunt), ("probes", probes))}
 print("sendrecv 1 MiB busbw, median of %d runs: without libshunt %.4f, shunt without probes %.4f, "
       "shunt with probes %.4f GB/s" % (len(none), m["none"], m["shunt"], m["probes"]))
 print("  probes / shunt: %.3fx (probing costs %.1f%%; target <= 2%%)" % (m["probes"] / m["shunt"],
       100 * (1 - m["probes"] / m["shunt"])))
 print("  shunt / none:   %.3fx;  probes / none: %.3fx" % (m["shunt"] / m["none"], m["probes"] / m["none"]))
+print("  shunt's own threads on h1 (all but the rank's main thread), median share of the guest's CPU: "
+      "%.1f%% without probes, %.1f%% with" % (100 * st.median(cpu_shunt), 100 * st.median(cpu_probes)))
 EOF
