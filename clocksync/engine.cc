@@ -438,7 +438,6 @@ void ProbeEngine::run() {
   std::vector<PathEvent> events;
   while (!stop_.load()) {
     int64_t wait;
-    bool batch = true;  // every socket stamps arrivals in the kernel
     fds.assign(1, {wake_fd_, POLLIN, 0});
     own.clear();
     {
@@ -446,37 +445,20 @@ void ProbeEngine::run() {
       int64_t now = ts_.now();
       wait = std::max<int64_t>(0, next_due(now) - now);
       ctr_.wakeups++;
-      for (auto& s : socks_) {
-        fds.push_back({s->fd(), POLLIN, 0});
-        batch &= s->mode() == StampMode::software;
-      }
+      for (auto& s : socks_) fds.push_back({s->fd(), POLLIN, 0});
       for (auto& p : peers_)
         for (auto& sp : p->sources)
           if (!sp->reflected) {
             fds.push_back({sp->sock->fd(), POLLIN, 0});
             own.push_back(sp.get());
-            batch &= sp->sock->mode() == StampMode::software;
           }
     }
     // Nanosecond timeout: ms rounding would wake early (spin) or late.
     timespec to{time_t(wait / 1'000'000'000), long(wait % 1'000'000'000)};
-    // Where the kernel stamps each arrival, a probe read late keeps its
-    // time: sleep until something is due (or a wake) and read whatever
-    // arrived meanwhile then, not a wakeup per arriving pair. Every
-    // deadline is a wakeup, so no path is judged before its probes are
-    // read. On one-CPU emulated guests each wakeup of this thread was a
-    // cost the job's throughput showed (about 75 a second with a bundle
-    // of 9 source paths, against some 15 batched). User stamps are taken
-    // at the read: those sockets are read as their data arrives.
-    int ready = ppoll(fds.data(), batch ? 1 : fds.size(), &to, nullptr);
-    if (ready > 0 && (fds[0].revents & POLLIN)) {
+    if (ppoll(fds.data(), fds.size(), &to, nullptr) > 0 && (fds[0].revents & POLLIN)) {
       uint64_t v;
       ssize_t n = read(wake_fd_, &v, sizeof(v));
       (void)n;
-    }
-    if (batch) {
-      timespec zero{0, 0};
-      ppoll(fds.data() + 1, fds.size() - 1, &zero, nullptr);
     }
     {
       std::lock_guard lk(mu_);
