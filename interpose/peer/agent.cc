@@ -21,6 +21,7 @@
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
+#include "telemetry/event_log.h"
 #include "telemetry/stats_file.h"
 
 namespace shunt::agent {
@@ -233,6 +234,12 @@ void ensure_started() {
   State& s = st();
   if (s.started.load(std::memory_order_acquire)) return;
   if (current_mode() == Mode::off || config().num(Param::agent) != 0) return;
+  // The event log's state is created lazily, on first use. Create it here,
+  // on the caller's thread and before the agent thread exists: created by
+  // that thread's first report instead, a fork in the middle of it left
+  // the child a half-done static initialization, and the child hung at its
+  // own first report or at exit (test 14, about 1 run in 40 under load).
+  (void)telemetry::event_log_path();
   register_builtin_services();
   std::lock_guard lk(s.mu);
   if (s.started.load()) return;
