@@ -40,6 +40,22 @@ fi
 ctl status --json > "$TMP/s1b"
 expect_eq "$(jget "$TMP/s1b" 'd["agent_pid"]')" "$a" "agent unharmed"
 
+# Between reports (every 200 ms here) and requests the agent's thread
+# sleeps: a few dozen wakeups a second at most, for agent and member alike.
+# (It once woke every millisecond, a fifth of a one-CPU guest's time.)
+switches() {  # PID: context switches of its thread named shunt-agent
+  local t
+  for t in /proc/$1/task/*; do
+    [ "$(cat "$t/comm")" = shunt-agent ] && awk '/ctxt_switches/ { n += $2 } END { print n }' "$t/status" && return
+  done
+  echo "no shunt-agent thread in $1" >&2; echo 0
+}
+for p in $a $b; do
+  n0=$(switches $p); sleep 1; n1=$(switches $p)
+  [ "$n0" -gt 0 ] && [ $((n1 - n0)) -lt 60 ] || fail "process $p's agent thread woke $((n1 - n0)) times in a second"
+  ok "process $p's agent thread woke $((n1 - n0)) times in a second"
+done
+
 # The agent dies (no chance to clean up); the kernel releases its lock.
 kill -KILL $a
 wait $a 2>/dev/null
