@@ -124,6 +124,9 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   app.add_option("--marks-file", o->marks_file, "more marks, one per line, read when plotting");
   app.add_option("--label", o->label, "name of this run in JSON and plots");
   app.add_option("--ready-file", o->ready_file, "create FILE when the timeline starts (for fault injectors)");
+  app.add_option("--stop-file", o->stop_file,
+                 "with --duration: end the run early once FILE exists on rank 0's host (for harnesses "
+                 "that act on the live job; the duration stays the most it runs)");
   app.add_flag("-q,--quiet", o->quiet, "no live timeline rows");
   app.add_flag("--corrupt", o->corrupt, "")->group("");  // test hook: proves that -c can fail
 
@@ -151,6 +154,10 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
     return app.exit(e);
   }
   o->check = check != 0;
+  if (!o->stop_file.empty() && o->duration_s <= 0) {
+    fprintf(stderr, "shunt-bench: --stop-file needs --duration (the most the run lasts)\n");
+    return 2;
+  }
   for (const auto& m : marks) o->marks.push_back(parse_mark(m));
   *cmd = plot->parsed() ? Command::plot : scen->parsed() ? Command::scenario : Command::bench;
   if (*cmd == Command::scenario)

@@ -58,6 +58,7 @@ struct Options {
   bool quiet = false;
   std::string label;  // names this run in JSON and plots
   std::string ready_file;  // created when measuring starts (for fault injectors)
+  std::string stop_file;   // duration mode: its appearance on rank 0's host ends the size early
 
   // test only: flip one byte of the data rank 0 sends, so the check must fail
   bool corrupt = false;

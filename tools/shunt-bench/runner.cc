@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "tools/shunt-bench/bootstrap.h"
 #include "tools/shunt-bench/net.h"
 #include "tools/shunt-bench/timeline.h"
@@ -23,9 +25,9 @@ struct RankStats {
 // the same number of iterations. It also says how many iterations to run
 // before asking again (about every 20 ms), so the question costs a bootstrap
 // round trip per 20 ms rather than per iteration.
-uint64_t keep_going(Bootstrap& bs, double deadline, double per_iter_s) {
+uint64_t keep_going(Bootstrap& bs, double deadline, double per_iter_s, const std::string& stop_file) {
   uint64_t next = 0;
-  if (bs.rank() == 0) {
+  if (bs.rank() == 0 && (stop_file.empty() || access(stop_file.c_str(), F_OK) != 0)) {
     double left = deadline - steady_now();
     if (left > 0) {
       double stride = per_iter_s > 0 ? std::min(0.02, left) / per_iter_s : 1;
@@ -66,7 +68,7 @@ void run_sweep(const Options& o, Bootstrap& bs, Transport& t, Workload& w, RunSu
     for (;; n++, iter++) {
       if (o.duration_s > 0) {
         if (n == until) {
-          uint64_t more = keep_going(bs, deadline, n ? (steady_now() - started) / n : 0);
+          uint64_t more = keep_going(bs, deadline, n ? (steady_now() - started) / n : 0, o.stop_file);
           if (more == 0) break;
           until += more;
         }
