@@ -33,7 +33,7 @@ run() {
     local extra=()
     [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
     fab exec h$((r + 1)) -- timeout 150 "${env[@]}" "$BENCH" --rank $r --world 2 --bootstrap "$boot" \
-      --transport verbs -d rxe0 --verb "$verb" -b 1M -e 1M -w 2 -c 1 --seg 64K --duration 24 \
+      --transport verbs -d rxe0 --verb "$verb" -b 1M -e 1M -w 2 -c 1 --seg 64K --duration 60 --stop-file /tmp/$tag.stop \
       --stall-timeout 20 --retry-cnt 6 --qp-timeout 14 "${extra[@]}" > "$TMP/$tag.rank$r.out" 2>&1 &
     pids+=($!)
   done
@@ -53,6 +53,8 @@ run() {
   fab fault unblackhole l1r0-s1 >/dev/null || fail "unblackhole"
   # the host agent's metrics, while the job still runs
   [ "$mode" = with ] && fab exec h1 -- curl -sS -m 5 http://127.0.0.1:9471/metrics > "$TMP/$tag.metrics" 2>&1
+  # the job runs until here (the fab exec calls take seconds on a busy host)
+  fab exec h1 -- touch /tmp/$tag.stop
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   echo $rc > "$TMP/$tag.rc"

@@ -30,7 +30,7 @@ run() {
     local extra=()
     [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
     fab exec h$((r + 1)) -- timeout 120 "${env[@]}" "$BENCH" --rank $r --world 2 --bootstrap "$boot" \
-      --transport verbs -d rxe0 --verb send -b 256K -e 256K -w 2 -c 1 --seg 64K --duration 16 \
+      --transport verbs -d rxe0 --verb send -b 256K -e 256K -w 2 -c 1 --seg 64K --duration 60 --stop-file /tmp/$tag.stop \
       --stall-timeout 15 --retry-cnt 7 --qp-timeout 14 "${extra[@]}" > "$TMP/$tag.rank$r.out" 2>&1 &
     pids+=($!)
   done
@@ -48,6 +48,8 @@ run() {
     sleep 6
     fab exec h1 -- "$B/bin/shuntctl" paths --interval 1100 > "$TMP/$tag.paths" 2>&1
     fab exec h1 -- "$B/bin/shuntctl" paths --json --interval 1100 > "$TMP/$tag.paths.json" 2>&1
+    # the job runs until this is done (the fab exec calls take seconds on a busy host)
+    fab exec h1 -- touch /tmp/$tag.stop
   fi
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done

@@ -18,6 +18,8 @@ fab() { "$FABRIC" --name "$NAME" "$@"; }
 cleanup() {
   rc=$?
   "$FABRIC" --name "$NAME" down >/dev/null 2>&1
+  # SHUNT_TEST_KEEP=DIR keeps a failed test's files there for reading.
+  [ "$rc" != 0 ] && [ -n "${SHUNT_TEST_KEEP:-}" ] && cp -r "$TMP" "$SHUNT_TEST_KEEP" 2>/dev/null
   rm -rf "$TMP"
   exit $rc
 }
