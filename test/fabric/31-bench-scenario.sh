@@ -74,7 +74,7 @@ grep -q '"event":"cm_disconnected"' "$TMP/wbw/with.events0.jsonl" || fail "ib_wr
 # hangs on both; with it, the verbs traffic moves to the other rail and the
 # TCP connection, opened as MPTCP with a subflow on every rail
 # (SHUNT_SOCKET_RAILS=auto), goes on over rail 1: every round trip is made.
-scenario fi link-down --client fi_pingpong --duration 10 --fault-at 3 --fault-for 0 --stall 5
+scenario fi link-down --client fi_pingpong --pings 2000 --duration 10 --fault-at 3 --fault-for 0 --stall 5
 python3 - "$TMP/fi" <<'PY' || { tail -n 8 "$TMP/fi/with.client.out" "$TMP/fi/with.server.out"; fail "fi_pingpong scenario results"; }
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))

@@ -39,7 +39,8 @@
 #   --ranks N     ranks, one guest each (default 2)
 #   --size BYTES  message size (default 1M)
 #   --duration S  seconds per run (default 40)
-#   --fault-at S  seconds after rank 0's timeline starts (default 10)
+#   --fault-at S  seconds after rank 0's timeline starts (default 10); for
+#                 the unchanged programs, after the client's QP is up
 #   --fault-for S seconds until the fault is healed (default 10; 0: never,
 #                 the fault is for good)
 #   --stall S     the benchmark's --stall-timeout (default 15)
@@ -231,6 +232,20 @@ clock_offset() {
   python3 -c "print($g - ($a + $b) / 2)"
 }
 
+# connected PROG: waits (up to 60 s) until PROG on h1 has an RC QP in RTS
+connected() {
+  local i
+  for i in $(seq 1 120); do
+    fab exec h1 -- rdma -j resource show qp 2>/dev/null | python3 -c '
+import json, sys
+qps = json.load(sys.stdin)
+sys.exit(0 if any(q.get("comm") == sys.argv[1] and q.get("type") == "RC" and q.get("state") == "RTS" for q in qps) else 1)' "$1" &&
+      { echo "$1 connected (check $i)"; return 0; }
+    sleep 0.5
+  done
+  echo "$1 did not connect within 60 s: the fault comes anyway"
+}
+
 # the fault's marks (guest epochs): from when the workload starts
 fault_clock() {  # MODE OFFSET
   local marks=$out/$1.marks
@@ -270,7 +285,10 @@ run_tool() {
   cli=$!
   local t0
   t0=$(date +%s.%N)
-  fault_clock "$mode" "$off" >"$out/$mode.inject.log" 2>&1 &
+  # the fault clock starts once the program's connection is up (a QP of
+  # its own in RTS on h1): on a slow host its set-up alone can outlast
+  # --fault-at, and a fault then would test connecting, not failing over
+  ( connected "${args[0]}" && fault_clock "$mode" "$off" ) >"$out/$mode.inject.log" 2>&1 &
   injector=$!
   local rc=0
   wait "$cli" || rc=$?
