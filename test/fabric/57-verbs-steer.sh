@@ -7,8 +7,9 @@
 # is limited to a third of the rate it carries (a deep queue: 1 s of tbf
 # latency) while the other runs free. Checked,
 # against the spine each shadow's RoCE packets were seen on:
-# - `shuntctl paths` on the live job names every shadow through s1 as
-#   congested (C) (s2's may be named too by then, as they carry more),
+# - `shuntctl paths`, asked again and again on the live job for 18 s,
+#   names every shadow through the slow spine as congested (C) at least
+#   once (s2's may be named too, as they come to carry more),
 #   and the first steer event comes within a few seconds of the fault;
 # - steering moved work off them: their shares end below half of the s2
 #   shadows', and a steer event names them as the paths work left;
@@ -69,8 +70,14 @@ limit=$(python3 -c "import sys; print(round(max(0.3, int(sys.argv[1]) * 8 / (flo
 fab fault rate "l1r0-$slow_spine" "$limit" --queue-ms 1000 >/dev/null || fail "rate l1r0-$slow_spine"
 fault_ns=$(fab exec h1 -- python3 -c 'import time; print(time.monotonic_ns())')
 note "h1's uplink to $slow_spine limited to $limit Mbit/s (it carried $sent bytes in $(python3 -c "print(round($t1 - $t0, 1))") s)"
-sleep 18
-fab exec h1 -- "$B/bin/shuntctl" paths --json > "$TMP/paths.json" || fail "shuntctl paths on h1"
+# What `shuntctl paths` names over the next 18 s, every snapshot kept:
+# steering drains the slow spine's queue as it moves work off (the limit is
+# a share of the rate before), so one late snapshot may find it calm.
+end=$((SECONDS + 18)) n=0
+while [ $SECONDS -lt $end ]; do
+  fab exec h1 -- "$B/bin/shuntctl" paths --json --interval 500 > "$TMP/paths.$n.json" 2>/dev/null && n=$((n + 1))
+done
+[ $n -gt 0 ] || fail "shuntctl paths on h1 answered nothing"
 fab exec h1 -- "$B/bin/shuntctl" paths > "$TMP/paths.txt" 2>&1
 fab exec h1 -- touch /tmp/steer.stop  # the job ran until here, however long the steps above took
 wait $r0 || { cat "$TMP/rank0.out"; fail "rank 0 failed"; }
@@ -83,11 +90,13 @@ cat "$TMP/paths.txt"
 
 on_slow=$(sport_seen "$slow_spine" roce | tr ' ' '\n' | sed -n "s/^$a1://p" | sort -n | tr '\n' ' ')
 echo "h1's ports seen on $slow_spine (the slow spine): $on_slow"
-python3 - "$TMP/paths.json" "$TMP/st0.json" "$TMP/ev0.jsonl" "$on_slow" "$fault_ns" <<'EOF' || fail "steering"
+python3 - "$TMP" "$TMP/st0.json" "$TMP/ev0.jsonl" "$on_slow" "$fault_ns" <<'EOF' || fail "steering"
 import json, sys
 paths, stats, events, on_s1 = sys.argv[1], sys.argv[2], sys.argv[3], {int(p) for p in sys.argv[4].split()}
 fault = int(sys.argv[5])
-live = [p for p in json.load(open(paths))["bundle_paths"] if p["path"] != "primary" and p.get("queue")]
+import glob
+snaps = [json.load(open(f))["bundle_paths"] for f in sorted(glob.glob(paths + "/paths.*.json"))]
+live = [p for snap in snaps for p in snap if p["path"] != "primary" and p.get("queue")]
 b = next(q["bundle"] for q in json.load(open(stats))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
 shadows = b["paths"]
 ports = [p["udp_sport"] for p in shadows]
@@ -97,8 +106,11 @@ print("shadows through the slow spine:", slow, "through the other:", fast)
 if not slow or not fast:
     sys.exit(f"every shadow on one spine ({len(slow)} on the slow one): nothing to steer between")
 named = {p["udp_sport"] for p in live if p["queue"].get("congested")}
-q = {p["udp_sport"]: p["queue"]["excess_ns"] / 1e6 for p in live}
-print("named congested by shuntctl paths:", sorted(named), "queues (ms):", {p: round(v, 1) for p, v in q.items()})
+q = {}
+for p in live:
+    q[p["udp_sport"]] = max(q.get(p["udp_sport"], 0), p["queue"]["excess_ns"] / 1e6)
+print(f"named congested by shuntctl paths in {len(snaps)} snapshots:", sorted(named),
+      "largest queues (ms):", {p: round(v, 1) for p, v in q.items()})
 if not set(slow) <= named:
     sys.exit(f"congested {sorted(named)}, but the slow ones are {slow}")
 # (by then the fast spine queues too, as it carries more, and the slow
