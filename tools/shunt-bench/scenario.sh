@@ -232,18 +232,18 @@ clock_offset() {
   python3 -c "print($g - ($a + $b) / 2)"
 }
 
-# connected PROG: waits (up to 60 s) until PROG on h1 has an RC QP in RTS
+# connected PROG: waits (up to 60 s) until PROG on h1 has an RC QP in RTS;
+# the loop runs in the guest, one exec like the server's port wait
 connected() {
-  local i
-  for i in $(seq 1 120); do
-    fab exec h1 -- rdma -j resource show qp 2>/dev/null | python3 -c '
-import json, sys
-qps = json.load(sys.stdin)
-sys.exit(0 if any(q.get("comm") == sys.argv[1] and q.get("type") == "RC" and q.get("state") == "RTS" for q in qps) else 1)' "$1" &&
-      { echo "$1 connected (check $i)"; return 0; }
-    sleep 0.5
-  done
-  echo "$1 did not connect within 60 s: the fault comes anyway"
+  local has_qp='import json, sys
+sys.exit(0 if any(q.get("comm") == sys.argv[1] and q.get("type") == "RC" and q.get("state") == "RTS"
+                  for q in json.load(sys.stdin)) else 1)'
+  if fab exec h1 -- timeout 60 sh -c 'until rdma -j resource show qp 2>/dev/null | python3 -c "$0" "$1"; do sleep 0.5; done' \
+    "$has_qp" "$1"; then
+    echo "$1 connected"
+  else
+    echo "$1 did not connect within 60 s: the fault comes anyway"
+  fi
 }
 
 # the fault's marks (guest epochs): from when the workload starts
