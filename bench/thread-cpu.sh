@@ -5,9 +5,13 @@
 # from now, as "helpers TICKS total TICKS" (clock ticks; total is every
 # CPU state of the guest, idle included). Shell builtins only: a forked
 # command on the guests' 9p root costs more than what it would measure.
+# THREAD_CPU_DETAIL=1 also prints "thread NAME TICKS" for each helper
+# thread (threads of one name summed), to see which of them costs.
 comm=$1 delay=$2 span=$3
-snap() {  # -> "helper_ticks total_ticks"
+declare -A by0 by1
+snap() {  # -> "helper_ticks total_ticks"; the per-name ticks in by[]
   local p= c n t s h=0 tot=0 x
+  by=()
   for c in /proc/[0-9]*/comm; do
     { read -r n < "$c"; } 2>/dev/null && [ "$n" = "$comm" ] && { p=${c%/comm}; p=${p#/proc/}; }
   done
@@ -17,14 +21,24 @@ snap() {  # -> "helper_ticks total_ticks"
       { read -r s < "$t/stat"; } 2>/dev/null || continue
       set -- ${s##*)}
       h=$((h + ${12} + ${13}))
+      if [ -n "$THREAD_CPU_DETAIL" ]; then
+        { read -r n < "$t/comm"; } 2>/dev/null || n=?
+        by[$n]=$((${by[$n]:-0} + ${12} + ${13}))
+      fi
     done
   fi
   read -r _ s < /proc/stat
   for x in $s; do tot=$((tot + x)); done
   echo "$h $tot"
 }
+declare -A by
 sleep "$delay"
-read -r h0 t0 <<< "$(snap)"
+snap > "${TMPDIR:-/tmp}/thread-cpu.$$"
+read -r h0 t0 < "${TMPDIR:-/tmp}/thread-cpu.$$"
+for n in "${!by[@]}"; do by0[$n]=${by[$n]}; done
 sleep "$span"
-read -r h1 t1 <<< "$(snap)"
+snap > "${TMPDIR:-/tmp}/thread-cpu.$$"
+read -r h1 t1 < "${TMPDIR:-/tmp}/thread-cpu.$$"
+rm -f "${TMPDIR:-/tmp}/thread-cpu.$$"
 echo "helpers $((h1 - h0)) total $((t1 - t0))"
+for n in "${!by[@]}"; do echo "thread $n $((${by[$n]} - ${by0[$n]:-0}))"; done

@@ -89,6 +89,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-hw", no_hw, "software timestamps even where the NIC stamps in hardware");
   app.add_flag("--quiet", quiet, "no summary on stdout");
   app.add_flag("-v,--verbose", verbose, "log at info level");
+  int source_paths = 0;
+  app.add_option("--source-paths", source_paths,
+                 "also probe N source paths per peer and rail, from free ports (as a host agent does "
+                 "for the paths of its bundles; to measure what they cost)")
+      ->check(CLI::Range(0, 64));
   CLI11_PARSE(app, argc, argv);
 
   shunt::log::configure(verbose ? shunt::LogLevel::info : shunt::LogLevel::warn, "");
@@ -131,6 +136,13 @@ int main(int argc, char** argv) {
     events.push_back({{"peer", e.peer}, {"path", e.path}, {"alive", e.alive},
                       {"kernel_ns", TimeSource::kernel_now()}});
   });
+  for (auto& p : peers)
+    for (size_t r = 0; r < p.addrs.size() && r < ec.local_addrs.size(); r++)
+      for (int k = 0; k < source_paths; k++)
+        if (!eng.add_source_path(p.name, int(r), 0, &err)) {
+          fprintf(stderr, "shunt-probe: --source-paths: %s\n", err.c_str());
+          return 1;
+        }
   if (!eng.start(&err)) {
     fprintf(stderr, "shunt-probe: %s\n", err.c_str());
     return 1;
@@ -184,10 +196,12 @@ int main(int argc, char** argv) {
                      {"bytes_sent", ctr.bytes_sent}, {"tx_stamps", ctr.tx_stamps},
                      {"dropped_malformed", ctr.dropped_malformed}, {"dropped_auth", ctr.dropped_auth},
                      {"dropped_unknown", ctr.dropped_unknown}, {"dropped_replay", ctr.dropped_replay},
-                     {"send_errors", ctr.send_errors}};
+                     {"send_errors", ctr.send_errors}, {"wakeups", ctr.wakeups}};
   out["peers"] = json::array();
-  if (!quiet) printf("%s (%s timestamps): %llu probes sent, %llu received\n", ec.name.c_str(),
-                     to_string(mode), (unsigned long long)ctr.sent, (unsigned long long)ctr.received);
+  if (!quiet)
+    printf("%s (%s timestamps): %llu probes sent, %llu received, %llu wakeups\n", ec.name.c_str(),
+           to_string(mode), (unsigned long long)ctr.sent, (unsigned long long)ctr.received,
+           (unsigned long long)ctr.wakeups);
   for (auto& r : reports) {
     json pj = {{"name", r.name}, {"valid", r.clock.valid}, {"offset_ns", r.clock.offset_ns},
                {"bound_ns", r.clock.bound_ns}, {"direct_offset_ns", r.clock.direct_offset_ns},
