@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sodium.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -178,11 +180,27 @@ ProbeEngine::ProbeEngine(EngineConfig cfg)
   seq_base_ = uint64_t(TimeSource::kernel_now() / 1000);
   // Lives as long as the engine, so wake() is safe from any thread at any time.
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  // The engine thread's wait set: registered as sockets come and go, so a
+  // wakeup costs what is ready, not a scan of every socket (ppoll's).
+  ep_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ >= 0 && ep_fd_ >= 0) watch(wake_fd_, kWakeTag);
+}
+
+void ProbeEngine::watch(int fd, uint64_t tag) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;  // EPOLLERR (a send stamp queued) is reported regardless
+  ev.data.u64 = tag;
+  if (ep_fd_ >= 0) epoll_ctl(ep_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void ProbeEngine::unwatch(int fd) {
+  if (ep_fd_ >= 0) epoll_ctl(ep_fd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
 ProbeEngine::~ProbeEngine() {
   stop();
   if (wake_fd_ >= 0) close(wake_fd_);
+  if (ep_fd_ >= 0) close(ep_fd_);
 }
 
 bool ProbeEngine::start(std::string* err) {
@@ -202,11 +220,12 @@ bool ProbeEngine::start(std::string* err) {
     socks_.push_back(std::move(s));
   }
   pending_.assign(socks_.size(), {});
-  if (wake_fd_ < 0) {
-    if (err) *err = std::string("eventfd: ") + strerror(errno);
+  if (wake_fd_ < 0 || ep_fd_ < 0) {
+    if (err) *err = std::string(wake_fd_ < 0 ? "eventfd: " : "epoll_create1: ") + strerror(errno);
     socks_.clear();
     return false;
   }
+  for (size_t i = 0; i < socks_.size(); i++) watch(socks_[i]->fd(), i);
   if (!cfg_.shm_name.empty()) {
     shm_ = std::make_unique<Shm>();
     if (!shm_->pub.open(cfg_.shm_name, self_id_, cfg_.name, cfg_.max_peers, err)) {
@@ -217,7 +236,10 @@ bool ProbeEngine::start(std::string* err) {
   }
   stop_ = false;
   running_ = true;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "shunt-probe");
+    run();
+  });
   return true;
 }
 
@@ -299,6 +321,11 @@ void ProbeEngine::on_path_change(std::function<void(const PathEvent&)> cb) {
   path_cb_ = std::move(cb);
 }
 
+void ProbeEngine::add_path_listener(std::function<void(const PathEvent&)> cb) {
+  std::lock_guard lk(cb_mu_);
+  path_listeners_.push_back(std::move(cb));
+}
+
 void ProbeEngine::on_source_path_change(std::function<void(const PathEvent&)> cb) {
   std::lock_guard lk(cb_mu_);
   source_cb_ = std::move(cb);
@@ -347,9 +374,9 @@ int ProbeEngine::add_source_path(std::string_view peer, int rail, uint16_t src_p
     sp->round = unsigned(id);  // the source paths take turns over the rounds
     log::info("clocksync: source path {} to {} rail {} from {}:{}", id, p->name, rail,
               cfg_.local_addrs[rail], sp->port);
+    watch(sp->sock->fd(), kSourceTag | uint32_t(id));
     p->sources.push_back(std::move(sp));
   }
-  wake();  // its socket joins the poll set
   return id;
 }
 
@@ -359,6 +386,7 @@ bool ProbeEngine::remove_source_path(int id) {
   for (auto& p : peers_)
     for (size_t k = 0; k < p->sources.size(); k++)
       if (!p->sources[k]->reflected && p->sources[k]->id == id) {
+        unwatch(p->sources[k]->sock->fd());
         graveyard_.push_back(std::move(p->sources[k]));
         p->sources.erase(p->sources.begin() + long(k));
         found = true;
@@ -433,50 +461,48 @@ void ProbeEngine::drain_stamps(ProbeSocket& s, std::vector<Pending>& pend, Sourc
 }
 
 void ProbeEngine::run() {
-  std::vector<pollfd> fds;
-  std::vector<SourcePath*> own;  // fds[1 + rails + k] is own[k]'s socket
   std::vector<PathEvent> events;
+  constexpr int kMaxEvents = 32;
+  epoll_event ev[kMaxEvents];
+  bool ns_wait = true;  // epoll_pwait2 (Linux 5.11) until it says ENOSYS
   while (!stop_.load()) {
     int64_t wait;
-    fds.assign(1, {wake_fd_, POLLIN, 0});
-    own.clear();
     {
       std::lock_guard lk(mu_);
       int64_t now = ts_.now();
       wait = std::max<int64_t>(0, next_due(now) - now);
       ctr_.wakeups++;
-      for (auto& s : socks_) fds.push_back({s->fd(), POLLIN, 0});
-      for (auto& p : peers_)
-        for (auto& sp : p->sources)
-          if (!sp->reflected) {
-            fds.push_back({sp->sock->fd(), POLLIN, 0});
-            own.push_back(sp.get());
-          }
     }
     // Nanosecond timeout: ms rounding would wake early (spin) or late.
     timespec to{time_t(wait / 1'000'000'000), long(wait % 1'000'000'000)};
-    if (ppoll(fds.data(), fds.size(), &to, nullptr) > 0 && (fds[0].revents & POLLIN)) {
-      uint64_t v;
-      ssize_t n = read(wake_fd_, &v, sizeof(v));
-      (void)n;
-    }
+    int n = ns_wait ? epoll_pwait2(ep_fd_, ev, kMaxEvents, &to, nullptr) : -1;
+    if (n < 0 && errno == ENOSYS) ns_wait = false;
+    if (!ns_wait) n = epoll_wait(ep_fd_, ev, kMaxEvents, int((wait + 999'999) / 1'000'000));  // late, never early
     {
       std::lock_guard lk(mu_);
-      for (size_t i = 0; i < socks_.size(); i++) {
-        short re = fds[i + 1].revents;
-        if (re & POLLERR) drain_stamps(*socks_[i], pending_[i], nullptr, int(i));
-        // POLLERR without a queued stamp is a pending socket error: a receive clears it.
-        if (re & (POLLIN | POLLERR)) receive(*socks_[i], int(i), nullptr);
-      }
-      for (size_t k = 0; k < own.size(); k++) {
-        // Removed meanwhile: still alive in graveyard_ until the end of this round.
-        SourcePath* sp = own[k];
-        bool live = false;
-        for (auto& q : peers_[sp->peer]->sources) live |= q.get() == sp;
-        short re = fds[1 + socks_.size() + k].revents;
-        if (!live || !re) continue;
-        if (re & POLLERR) drain_stamps(*sp->sock, sp->pending, sp, sp->rail);
-        if (re & (POLLIN | POLLERR)) receive(*sp->sock, sp->rail, sp);
+      for (int e = 0; e < n; e++) {
+        const uint64_t tag = ev[e].data.u64;
+        const bool err = ev[e].events & EPOLLERR;
+        if (tag == kWakeTag) {
+          uint64_t v;
+          ssize_t r = read(wake_fd_, &v, sizeof(v));
+          (void)r;
+        } else if (!(tag & kSourceTag)) {
+          size_t i = size_t(tag);
+          if (i >= socks_.size()) continue;
+          if (err) drain_stamps(*socks_[i], pending_[i], nullptr, int(i));
+          // EPOLLERR without a queued stamp is a pending socket error: a receive clears it.
+          receive(*socks_[i], int(i), nullptr);
+        } else {
+          // By id: a path removed meanwhile is simply not found.
+          SourcePath* sp = nullptr;
+          for (auto& p : peers_)
+            for (auto& q : p->sources)
+              if (!q->reflected && q->id == int(uint32_t(tag))) sp = q.get();
+          if (!sp) continue;
+          if (err) drain_stamps(*sp->sock, sp->pending, sp, sp->rail);
+          receive(*sp->sock, sp->rail, sp);
+        }
       }
       int64_t now = ts_.now();
       if (probing_.load()) send_due(now);
@@ -497,6 +523,7 @@ void ProbeEngine::run() {
         } else {
           log::info("clocksync: path {} rail {} is {}", e.peer, e.path, e.alive ? "alive" : "dead");
           if (path_cb_) path_cb_(e);
+          for (auto& l : path_listeners_) l(e);
         }
       }
       events.clear();
@@ -590,9 +617,8 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
   TxPair& tp = ps.tx[pr.seq % kRing];
   tp = TxPair{pr.seq, {0, 0}, now};
   ProbeSocket& s = *o.sock;
-  int64_t id0 = s.send(ps.remote, {b0.data(), n0});
-  int64_t id1 = s.send(ps.remote, {b1.data(), n1});
-  int64_t ids[2] = {id0, id1};
+  int64_t ids[2];
+  s.send_pair(ps.remote, {b0.data(), n0}, {b1.data(), n1}, ids);
   for (int i = 0; i < 2; i++) {
     if (ids[i] < 0) {
       ctr_.send_errors++;
@@ -612,32 +638,26 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
 }
 
 void ProbeEngine::receive(ProbeSocket& s, int rail, SourcePath* own) {
-  std::array<uint8_t, kMaxProbeSize + 1> buf;
-  for (int i = 0; i < 256; i++) {
-    sockaddr_in from{};
-    int64_t rx_ns = 0;
-    ssize_t n = s.recv(buf, &from, &rx_ns);
-    if (n < 0) return;
-    if (!probing_.load()) continue;
+  static_assert(ProbeSocket::kMaxDatagram > kMaxProbeSize);
+  s.recv_all(256, [&](std::span<const uint8_t> d, const sockaddr_in& from, int64_t rx_ns) {
+    if (!probing_.load()) return;
     ctr_.received++;
     Probe pr;
-    DecodeStatus st = n > ssize_t(kMaxProbeSize)
-                          ? DecodeStatus::short_or_long
-                          : decode({buf.data(), size_t(n)}, cfg_.key, &pr);
+    DecodeStatus st = d.size() > kMaxProbeSize ? DecodeStatus::short_or_long : decode(d, cfg_.key, &pr);
     if (st == DecodeStatus::bad_tag) {
       ctr_.dropped_auth++;
-      continue;
+      return;
     }
     if (st != DecodeStatus::ok || rx_ns == 0 || pr.path != rail ||
         (pr.receiver_id != 0 && pr.receiver_id != self_id_)) {
       ctr_.dropped_malformed++;
-      continue;
+      return;
     }
     if (own)
       handle_source(*own, pr, from, ts_.local(rx_ns));
     else
       handle(rail, pr, from, ts_.local(rx_ns));
-  }
+  });
 }
 
 ProbeEngine::Peer* ProbeEngine::find_peer(uint64_t id, const sockaddr_in& from, int rail) {

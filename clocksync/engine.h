@@ -157,6 +157,10 @@ class ProbeEngine {
   // Called from the engine thread on every liveness change of a rail path;
   // keep it short.
   void on_path_change(std::function<void(const PathEvent&)> cb);
+  // Also tells `cb` of every rail path's liveness change, after the
+  // on_path_change callback (engine thread; keep it short). Never removed:
+  // what it calls must outlive the engine.
+  void add_path_listener(std::function<void(const PathEvent&)> cb);
 
   // Adds a source path to `peer` (its current name) on `rail`: probes from
   // the rail's address and local UDP port `src_port` (0: any free port; not
@@ -222,10 +226,18 @@ class ProbeEngine {
   int next_source_id_ = 1;
   EngineCounters ctr_;
   std::function<void(const PathEvent&)> path_cb_, source_cb_;
+  std::vector<std::function<void(const PathEvent&)>> path_listeners_;
   std::mutex cb_mu_;
   std::atomic<bool> stop_{false}, probing_{true}, running_{false};
   std::thread thread_;
   int wake_fd_ = -1;  // eventfd, the engine's lifetime: add_peer, set_probing, stop end its sleep
+  // epoll set of the engine thread, the engine's lifetime: wake_fd_, the
+  // rails' sockets (tag: rail index) and own source paths' (kSourceTag | id).
+  int ep_fd_ = -1;
+  static constexpr uint64_t kWakeTag = ~0ull;
+  static constexpr uint64_t kSourceTag = 1ull << 32;
+  void watch(int fd, uint64_t tag);
+  void unwatch(int fd);
   int64_t last_loop_ = 0, last_phc_ = 0;
   uint64_t seq_base_;
   struct Shm;

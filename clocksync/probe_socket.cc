@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -168,27 +170,53 @@ int64_t ProbeSocket::stamp_from_cmsg(void* mp) const {
   return 0;
 }
 
+void ProbeSocket::send_pair(const sockaddr_in& to, std::span<const uint8_t> d0,
+                            std::span<const uint8_t> d1, int64_t ids[2]) {
+  iovec iov[2] = {{const_cast<uint8_t*>(d0.data()), d0.size()}, {const_cast<uint8_t*>(d1.data()), d1.size()}};
+  mmsghdr m[2]{};
+  for (int i = 0; i < 2; i++) {
+    m[i].msg_hdr.msg_name = const_cast<sockaddr_in*>(&to);
+    m[i].msg_hdr.msg_namelen = sizeof(to);
+    m[i].msg_hdr.msg_iov = &iov[i];
+    m[i].msg_hdr.msg_iovlen = 1;
+  }
+  int n = sendmmsg(fd_, m, 2, 0);
+  // Every datagram sent counts in the kernel's stamp ids, whole or not.
+  for (int i = 0; i < 2; i++)
+    ids[i] = i < n ? (m[i].msg_len == iov[i].iov_len ? next_id_++ : (next_id_++, -1)) : -1;
+}
+
 void ProbeSocket::drain_send_stamps(const std::function<void(int64_t, int64_t)>& fn) {
-  for (int i = 0; i < 256; i++) {
-    char ctrl[512];
-    char dummy[64];
-    iovec iov{dummy, sizeof(dummy)};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctrl;
-    msg.msg_controllen = sizeof(ctrl);
-    if (recvmsg(fd_, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) return;
-    int64_t stamp = stamp_from_cmsg(&msg);
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (!((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) ||
-            (c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_RECVERR)))
-        continue;
-      sock_extended_err ee;
-      std::memcpy(&ee, CMSG_DATA(c), sizeof(ee));
-      if (ee.ee_errno == ENOMSG && ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING && stamp)
-        fn(int64_t(ee.ee_data), stamp);
+  constexpr int kBatch = 8;
+  char ctrl[kBatch][512];
+  char dummy[kBatch][64];
+  iovec iov[kBatch];
+  mmsghdr m[kBatch];
+  for (int round = 0; round < 32; round++) {
+    for (int i = 0; i < kBatch; i++) {
+      iov[i] = {dummy[i], sizeof(dummy[i])};
+      m[i] = {};
+      m[i].msg_hdr.msg_iov = &iov[i];
+      m[i].msg_hdr.msg_iovlen = 1;
+      m[i].msg_hdr.msg_control = ctrl[i];
+      m[i].msg_hdr.msg_controllen = sizeof(ctrl[i]);
     }
+    int n = recvmmsg(fd_, m, kBatch, MSG_ERRQUEUE | MSG_DONTWAIT, nullptr);
+    if (n <= 0) return;
+    for (int k = 0; k < n; k++) {
+      msghdr& msg = m[k].msg_hdr;
+      int64_t stamp = stamp_from_cmsg(&msg);
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (!((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) ||
+              (c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_RECVERR)))
+          continue;
+        sock_extended_err ee;
+        std::memcpy(&ee, CMSG_DATA(c), sizeof(ee));
+        if (ee.ee_errno == ENOMSG && ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING && stamp)
+          fn(int64_t(ee.ee_data), stamp);
+      }
+    }
+    if (n < kBatch) return;  // the queue was empty after these: no call to learn it
   }
 }
 
@@ -207,6 +235,40 @@ ssize_t ProbeSocket::recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx
   *rx_ns = mode_ == StampMode::user ? realtime_now() : stamp_from_cmsg(&msg);
   if (msg.msg_flags & MSG_TRUNC) return ssize_t(buf.size()) + 1;  // oversized: the parser rejects it
   return n;
+}
+
+int ProbeSocket::recv_all(int max,
+                          const std::function<void(std::span<const uint8_t>, const sockaddr_in&, int64_t)>& fn) {
+  constexpr int kBatch = 8;
+  static thread_local std::array<std::array<uint8_t, kMaxDatagram>, kBatch> buf;
+  char ctrl[kBatch][512];
+  sockaddr_in from[kBatch];
+  iovec iov[kBatch];
+  mmsghdr m[kBatch];
+  int got = 0;
+  while (got < max) {
+    int want = std::min(kBatch, max - got);
+    for (int i = 0; i < want; i++) {
+      iov[i] = {buf[i].data(), buf[i].size()};
+      m[i] = {};
+      m[i].msg_hdr.msg_name = &from[i];
+      m[i].msg_hdr.msg_namelen = sizeof(from[i]);
+      m[i].msg_hdr.msg_iov = &iov[i];
+      m[i].msg_hdr.msg_iovlen = 1;
+      m[i].msg_hdr.msg_control = ctrl[i];
+      m[i].msg_hdr.msg_controllen = sizeof(ctrl[i]);
+    }
+    int n = recvmmsg(fd_, m, unsigned(want), MSG_DONTWAIT | MSG_TRUNC, nullptr);
+    if (n <= 0) break;
+    for (int k = 0; k < n; k++) {
+      int64_t rx = mode_ == StampMode::user ? realtime_now() : stamp_from_cmsg(&m[k].msg_hdr);
+      // Longer than the buffer: cut to it, still longer than any probe.
+      fn({buf[k].data(), std::min<size_t>(m[k].msg_len, kMaxDatagram)}, from[k], rx);
+    }
+    got += n;
+    if (n < want) break;  // nothing more was waiting
+  }
+  return got;
 }
 
 void ProbeSocket::refresh_phc() {

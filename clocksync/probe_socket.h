@@ -40,11 +40,22 @@ class ProbeSocket {
 
   // Sends one datagram; returns the id its send stamp will carry, or -1.
   int64_t send(const sockaddr_in& to, std::span<const uint8_t> data);
-  // Delivers every queued send stamp as (id, kernel CLOCK_REALTIME ns).
+  // Sends a coded pair back to back in one system call (sendmmsg): ids[i]
+  // is the id datagram i's send stamp will carry, or -1 if it was not sent.
+  void send_pair(const sockaddr_in& to, std::span<const uint8_t> d0, std::span<const uint8_t> d1,
+                 int64_t ids[2]);
+  // Delivers every queued send stamp as (id, kernel CLOCK_REALTIME ns),
+  // several per system call.
   void drain_send_stamps(const std::function<void(int64_t id, int64_t ns)>& fn);
   // Receives one datagram; rx_ns is the kernel CLOCK_REALTIME receive stamp
   // (0 if none came). Returns the length, or -1 when nothing is waiting.
   ssize_t recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx_ns);
+  // Receives what is waiting, up to `max` datagrams, several per system
+  // call (recvmmsg): fn(data, from, rx_ns) for each, rx_ns as recv()'s; a
+  // datagram longer than kMaxDatagram comes cut to that length (longer
+  // than any probe, so its parser still rejects it). Returns how many came.
+  static constexpr size_t kMaxDatagram = 2048;
+  int recv_all(int max, const std::function<void(std::span<const uint8_t>, const sockaddr_in&, int64_t)>& fn);
   // Refreshes the PHC-to-system mapping (hardware mode; call about once a second).
   void refresh_phc();
 

@@ -3,6 +3,7 @@
 
 #include <functional>
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +13,8 @@
 #include "clocksync/engine.h"
 #include "clocksync/filter.h"
 #include "clocksync/path_view.h"
+#include "clocksync/probe_socket.h"
+#include "clocksync/wire.h"
 #include "clocksync/test_clock.h"
 
 namespace shunt::clocksync {
@@ -301,6 +304,62 @@ TEST(ClocksyncPeers, ParsesPeerLists) {
   EXPECT_FALSE(parse_peers("a=300.0.0.1", &bad, &err));
   EXPECT_FALSE(parse_peers("=10.0.0.1", &bad, &err));
   EXPECT_NE(node_id("a"), node_id("b"));
+}
+
+// The batched socket calls: a pair in one sendmmsg, its two send stamps
+// (ids 0 and 1, then 2 and 3) from the error queue, and receives in
+// batches: more datagrams than one batch holds all come, in order, with
+// their stamps; one longer than the buffer comes cut, still longer than
+// any probe; nothing waiting is 0.
+TEST(ClocksyncSocket, PairsAndBatchesKeepIdsStampsAndOrder) {
+  ProbeSocket a, b;
+  std::string err;
+  ASSERT_TRUE(a.open("127.0.0.1", 0, false, &err)) << err;
+  ASSERT_TRUE(b.open("127.0.0.1", 0, false, &err)) << err;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(b.port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int64_t> ids;
+  for (int k = 0; k < 10; k++) {  // 20 datagrams: more than two batches of 8
+    uint8_t d0[2] = {uint8_t(2 * k), 0}, d1[3] = {uint8_t(2 * k + 1), 1, 1};
+    int64_t id[2];
+    a.send_pair(to, {d0, 2}, {d1, 3}, id);
+    ids.push_back(id[0]);
+    ids.push_back(id[1]);
+  }
+  for (int i = 0; i < 20; i++) EXPECT_EQ(ids[i], i);
+  std::vector<uint8_t> first;
+  std::vector<size_t> lens;
+  int stamped = 0;
+  int n = b.recv_all(256, [&](std::span<const uint8_t> d, const sockaddr_in& from, int64_t rx) {
+    first.push_back(d[0]);
+    lens.push_back(d.size());
+    stamped += rx > 0;
+    EXPECT_EQ(ntohs(from.sin_port), a.port());
+  });
+  ASSERT_EQ(n, 20);
+  for (int i = 0; i < 20; i++) {
+    EXPECT_EQ(first[i], i);
+    EXPECT_EQ(lens[i], i % 2 ? 3u : 2u);
+  }
+  if (a.mode() != StampMode::user) {
+    EXPECT_EQ(stamped, 20);
+    std::vector<int64_t> got;
+    a.drain_send_stamps([&](int64_t id, int64_t ns) {
+      got.push_back(id);
+      EXPECT_GT(ns, 0);
+    });
+    ASSERT_EQ(got.size(), 20u);
+    for (int i = 0; i < 20; i++) EXPECT_EQ(got[i], i);
+  }
+  std::vector<uint8_t> big(ProbeSocket::kMaxDatagram + 500, 7);
+  ASSERT_GE(a.send(to, big), 0);
+  size_t big_len = 0;
+  EXPECT_EQ(b.recv_all(256, [&](std::span<const uint8_t> d, const sockaddr_in&, int64_t) { big_len = d.size(); }), 1);
+  EXPECT_EQ(big_len, ProbeSocket::kMaxDatagram);
+  EXPECT_GT(big_len, kMaxProbeSize);
+  EXPECT_EQ(b.recv_all(256, [&](std::span<const uint8_t>, const sockaddr_in&, int64_t) {}), 0);
 }
 
 }  // namespace
