@@ -29,18 +29,29 @@ rank() {
   fab exec "$2" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=4 \
     SHUNT_PROBE_ADDRS="$3" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_LOG_LEVEL=info SHUNT_STATS_FILE="/tmp/p$1.json" \
     "$BENCH" --rank "$1" --world 2 --bootstrap "$a1:29911" --transport verbs -d rxe0 --verb write_imm \
-    -b 1M -e 1M --duration 25 -w 1 -c 1 --seg 256K > "$TMP/rank$1.out" 2>&1
+    -b 1M -e 1M --duration 90 --stop-file /tmp/probes.stop -w 1 -c 1 --seg 256K > "$TMP/rank$1.out" 2>&1
 }
 rank 1 h2 "$a2,${addr[h2rxe1]}" &
 r1=$!
 rank 0 h1 "$a1,${addr[h1rxe1]}" &
 r0=$!
-# 8 s in, h1's rail-0 leaf loses both its spine links for 3 s: every rail-0
-# path of both ends fails (the job goes on over rail 1) and is renewed on
-# a new source port once the links are back; the renewed ports must be
-# probed too. Then both agents' views of their source paths, while the
-# job still runs.
-sleep 8
+# Once every source path of both ends is alive (the bundle's set-up takes
+# a varying while on these guests; a fault before the rail-0 paths were
+# ever alive fails them by retries, not by lost probes), h1's rail-0 leaf
+# loses both its spine links for 3 s: every rail-0 path of both ends fails
+# (the job goes on over rail 1) and is renewed on a new source port once
+# the links are back; the renewed ports must be probed too. Then both
+# agents' views of their source paths, while the job still runs: it runs
+# until the stop file is there (rank 0 checks it), 90 s at most.
+all_alive() {  # HOST: its 9 own source paths (4 shadows per rail and the application QP) alive
+  fab exec "$1" -- "$B/bin/shuntctl" peers --json > "$TMP/early-$1.json" 2>/dev/null || return 1
+  [ "$(jget "$TMP/early-$1.json" "sum(1 for pr in d['peers'] for sp in pr['source_paths'] if not sp['reflected'] and sp['alive'])" 2>/dev/null)" -ge 9 ] 2>/dev/null
+}
+end=$((SECONDS + 60))
+until all_alive h1 && all_alive h2; do
+  [ $SECONDS -lt $end ] || fail "the source paths were not all alive within 60 s: $(cat "$TMP"/early-*.json)"
+  sleep 0.5
+done
 for s in s1 s2; do fab fault blackhole l1r0-$s >/dev/null || fail "blackhole l1r0-$s"; done
 sleep 3
 for s in s1 s2; do fab fault unblackhole l1r0-$s >/dev/null || fail "unblackhole l1r0-$s"; done
@@ -48,6 +59,7 @@ sleep 9
 for h in h1 h2; do
   fab exec $h -- "$B/bin/shuntctl" peers --json > "$TMP/peers-$h.json" || fail "shuntctl peers on $h"
 done
+fab exec h1 -- touch /tmp/probes.stop
 wait $r0 || { cat "$TMP/rank0.out"; fail "rank 0 failed"; }
 wait $r1 || { cat "$TMP/rank1.out"; fail "rank 1 failed"; }
 grep -q "bundle active with 4 shadow paths.* and 4 on other NICs" "$TMP/rank0.out" || { cat "$TMP/rank0.out"; fail "no bundle on both rails"; }
