@@ -316,6 +316,9 @@ TEST(ClocksyncSocket, PairsAndBatchesKeepIdsStampsAndOrder) {
   std::string err;
   ASSERT_TRUE(a.open("127.0.0.1", 0, false, &err)) << err;
   ASSERT_TRUE(b.open("127.0.0.1", 0, false, &err)) << err;
+  // The kernel turns receive stamping on a moment after the first socket
+  // asks for it (a deferred static key): datagrams before then come unstamped.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   sockaddr_in to{};
   to.sin_family = AF_INET;
   to.sin_port = htons(b.port());
