@@ -15,6 +15,7 @@
 #include "interpose/peer/agent.h"
 #include "interpose/socket/fd_table.h"
 #include "interpose/socket/mptcp_upgrade.h"
+#include "interpose/socket/rail_steering.h"
 
 // Declared by glibc only under _FORTIFY_SOURCE; shunt wraps them always.
 extern "C" {
@@ -74,6 +75,11 @@ EXPORT int socket(int domain, int type, int protocol) {
   int fd = -1;
   bool upgraded = false;
   if (act && sock::upgrade_wanted()) {
+    {
+      ErrnoKeeper k;
+      ReentryGuard g;
+      sock::prepare_limits();
+    }
     fd = SHUNT_REAL(socket)(domain, type, sock::kProtoMptcp);
     if (fd >= 0) {
       upgraded = true;

@@ -51,8 +51,6 @@ struct State {
   std::vector<std::string> missing;
   std::string status = "not started";
   bool steering = false;  // endpoints writable
-  uint32_t old_limits[2] = {0, 0};
-  bool limits_changed = false;
   PathManager pm;
   // The probe engine's path liveness, read every tick; a change pokes the
   // thread (add_path_listener) so that it ticks at once.
@@ -123,6 +121,30 @@ void failed(State& s, const std::string& cmd, const std::string& err) {
   log::once(LogLevel::warn, "mptcp-add:" + cmd, "sockets: `" + cmd + "` failed (" + err + "); retrying");
 }
 
+// The limits before shunt raised them, by whichever raised them first in this
+// process (prepare_limits or the agent), so the agent puts them back at exit.
+std::mutex g_limits_mu;
+bool g_limits_saved = false;
+uint32_t g_old_limits[2] = {0, 0};
+
+// Raises the limits to n subflows and n accepted announcements where lower.
+// False (with *err) when they could not be read or set.
+bool raise_limits(PathManager& pm, uint32_t n, bool log_raise, std::string* err) {
+  uint32_t sub = 0, acc = 0;
+  if (!pm.get_limits(&sub, &acc, err)) return true;  // no limits to read: nothing to do
+  if (sub >= n && acc >= n) return true;
+  uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
+  if (!pm.set_limits(want_sub, want_acc, err)) return false;
+  std::lock_guard l(g_limits_mu);
+  if (!g_limits_saved) {
+    g_old_limits[0] = sub;
+    g_old_limits[1] = acc;
+    g_limits_saved = true;
+  }
+  if (log_raise) log::info("sockets: MPTCP limits were {}/{}: raised again", sub, acc);
+  return true;
+}
+
 // Makes the endpoints and limits the rails need exist, now and whenever
 // someone removed them (an `ip mptcp endpoint flush`, another tool): the
 // rail endpoints keep their backup state, the signal endpoints come back.
@@ -130,23 +152,10 @@ void assert_endpoints(State& s, bool first) {
   std::string err;
   s.retry = false;
   uint32_t n = static_cast<uint32_t>(std::min<size_t>(s.rails.size(), 8));
-  uint32_t sub = 0, acc = 0;
   // Limits first: a peer's announcement that arrives before them is dropped
   // for good by this connection.
-  if (s.pm.get_limits(&sub, &acc, &err) && (sub < n || acc < n)) {
-    uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
-    if (s.pm.set_limits(want_sub, want_acc, &err)) {
-      if (!s.limits_changed) {
-        s.old_limits[0] = sub;
-        s.old_limits[1] = acc;
-        s.limits_changed = true;
-      }
-      if (!first) log::info("sockets: MPTCP limits were {}/{}: raised again", sub, acc);
-    } else {
-      failed(s, "ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " +
-                    std::to_string(want_acc), err);
-    }
-  }
+  if (!raise_limits(s.pm, n, !first, &err))
+    failed(s, "ip mptcp limits set subflows " + std::to_string(n) + " add_addr_accepted " + std::to_string(n), err);
   std::vector<Endpoint> have;
   if (!s.pm.endpoints(&have, &err)) {
     s.retry = true;
@@ -388,7 +397,10 @@ void stop() {
   }
   if (s->thread.joinable()) s->thread.join();
   std::string err;
-  if (s->limits_changed) s->pm.set_limits(s->old_limits[0], s->old_limits[1], &err);
+  {
+    std::lock_guard l(g_limits_mu);
+    if (g_limits_saved) s->pm.set_limits(g_old_limits[0], g_old_limits[1], &err);
+  }
 }
 
 json endpoint_json(const Endpoint& e) {
@@ -426,6 +438,22 @@ json sockets_json() {
   return j;
 }
 }  // namespace
+
+void prepare_limits() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Only where an agent keeps the endpoints (and puts the limits back).
+    if (current_mode() != Mode::active || sockets_mode() != SocketsMode::mptcp ||
+        config().num(Param::mptcp_endpoints) != 0 || config().num(Param::agent) != 0)
+      return;
+    size_t n = rail_addrs().size();
+    if (n < 2) return;
+    PathManager pm;
+    std::string err;
+    if (!pm.open(&err) || !raise_limits(pm, static_cast<uint32_t>(std::min<size_t>(n, 8)), false, &err))
+      log::once(LogLevel::info, "mptcp-prepare-limits", "sockets: MPTCP limits not raised before the first connection: " + err);
+  });
+}
 
 agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine) {
   agent::register_command("sockets", [](const json&) { return sockets_json(); });

@@ -18,4 +18,13 @@ namespace shunt::sock {
 // asked once, when the service starts (after the probe engine's).
 agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine);
 
+// Raises this network namespace's MPTCP limits to what the rails need,
+// once per process, before its first MPTCP socket: a connection reads the
+// limits when it is created, and one created before the host agent raised
+// them (the agent starts on its own thread, often in the same process)
+// never accepted the peer's announcement of its other rails (the fresh
+// namespace's add_addr_accepted is 0) and ran on one rail for good. Cheap
+// after the first call; does nothing without named rails.
+void prepare_limits();
+
 }  // namespace shunt::sock
