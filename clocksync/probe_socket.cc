@@ -240,7 +240,9 @@ ssize_t ProbeSocket::recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx
 int ProbeSocket::recv_all(int max,
                           const std::function<void(std::span<const uint8_t>, const sockaddr_in&, int64_t)>& fn) {
   constexpr int kBatch = 8;
-  static thread_local std::array<std::array<uint8_t, kMaxDatagram>, kBatch> buf;
+  // On the stack: a thread_local this size overflowed the static TLS block
+  // that libshunt's initial-exec variables put it in (dlopen failed).
+  uint8_t buf[kBatch][kMaxDatagram];
   char ctrl[kBatch][512];
   sockaddr_in from[kBatch];
   iovec iov[kBatch];
@@ -249,7 +251,7 @@ int ProbeSocket::recv_all(int max,
   while (got < max) {
     int want = std::min(kBatch, max - got);
     for (int i = 0; i < want; i++) {
-      iov[i] = {buf[i].data(), buf[i].size()};
+      iov[i] = {buf[i], sizeof(buf[i])};
       m[i] = {};
       m[i].msg_hdr.msg_name = &from[i];
       m[i].msg_hdr.msg_namelen = sizeof(from[i]);
@@ -263,7 +265,7 @@ int ProbeSocket::recv_all(int max,
     for (int k = 0; k < n; k++) {
       int64_t rx = mode_ == StampMode::user ? realtime_now() : stamp_from_cmsg(&m[k].msg_hdr);
       // Longer than the buffer: cut to it, still longer than any probe.
-      fn({buf[k].data(), std::min<size_t>(m[k].msg_len, kMaxDatagram)}, from[k], rx);
+      fn({buf[k], std::min<size_t>(m[k].msg_len, kMaxDatagram)}, from[k], rx);
     }
     got += n;
     if (n < want) break;  // nothing more was waiting
