@@ -419,15 +419,16 @@ std::optional<SourcePathStats> ProbeEngine::source_path(int id) const {
 int64_t ProbeEngine::next_due(int64_t now) const {
   int64_t due = now + kMaxSleep;
   bool probing = probing_.load();
-  // Housekeeping (estimator windows, the loop correction, the PHC refresh)
-  // rides on the wakeups probing makes anyway, a send round every interval:
-  // while probing it may run up to one interval late. Each wakeup of its
-  // own cost more than the work (about 1 ms of a one-CPU soft-RoCE guest),
-  // and they were 40% of the engine's wakeups: 35 a second with one peer.
+  // Housekeeping (the loop correction, the PHC refresh) rides on the
+  // wakeups probing makes anyway, a send round every interval: while
+  // probing it may run up to one interval late. Its own wakeups were 10 a
+  // second of the engine's 35 with one peer. The estimator's windows keep
+  // theirs: late, a clock step showed late (e2e test 40's estimates within
+  // their bound fell from 97-98% to 94.6% in one run of five).
   int64_t house = now + kMaxSleep;
   for (auto& p : peers_) {
     if (probing) due = std::min(due, p->next_send);
-    house = std::min(house, p->est.next_due());
+    due = std::min(due, p->est.next_due());  // a window's end on time: a step shows at once
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(cfg_.dead_ns));
     for (auto& sp : p->sources) {
       due = std::min(due, sp->ps.view.dead_at(source_dead(cfg_)));
