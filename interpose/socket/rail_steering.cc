@@ -128,13 +128,18 @@ bool g_limits_saved = false;
 uint32_t g_old_limits[2] = {0, 0};
 
 // Raises the limits to n subflows and n accepted announcements where lower.
-// False (with *err) when they could not be read or set.
-bool raise_limits(PathManager& pm, uint32_t n, bool log_raise, std::string* err) {
+// False (with *err, and the command that would do it in *cmd) when they
+// could not be set.
+bool raise_limits(PathManager& pm, uint32_t n, bool log_raise, std::string* err, std::string* cmd = nullptr) {
   uint32_t sub = 0, acc = 0;
   if (!pm.get_limits(&sub, &acc, err)) return true;  // no limits to read: nothing to do
   if (sub >= n && acc >= n) return true;
   uint32_t want_sub = std::max(sub, n), want_acc = std::max(acc, n);
-  if (!pm.set_limits(want_sub, want_acc, err)) return false;
+  if (!pm.set_limits(want_sub, want_acc, err)) {
+    if (cmd)
+      *cmd = "ip mptcp limits set subflows " + std::to_string(want_sub) + " add_addr_accepted " + std::to_string(want_acc);
+    return false;
+  }
   std::lock_guard l(g_limits_mu);
   if (!g_limits_saved) {
     g_old_limits[0] = sub;
@@ -154,8 +159,8 @@ void assert_endpoints(State& s, bool first) {
   uint32_t n = static_cast<uint32_t>(std::min<size_t>(s.rails.size(), 8));
   // Limits first: a peer's announcement that arrives before them is dropped
   // for good by this connection.
-  if (!raise_limits(s.pm, n, !first, &err))
-    failed(s, "ip mptcp limits set subflows " + std::to_string(n) + " add_addr_accepted " + std::to_string(n), err);
+  std::string cmd;
+  if (!raise_limits(s.pm, n, !first, &err, &cmd)) failed(s, cmd, err);
   std::vector<Endpoint> have;
   if (!s.pm.endpoints(&have, &err)) {
     s.retry = true;
