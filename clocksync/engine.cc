@@ -1,7 +1,6 @@
 #include "clocksync/engine.h"
 
 #include <arpa/inet.h>
-#include <poll.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/epoll.h>
@@ -235,7 +234,6 @@ bool ProbeEngine::start(std::string* err) {
     }
   }
   stop_ = false;
-  running_ = true;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "shunt-probe");
     run();
@@ -247,12 +245,6 @@ void ProbeEngine::stop() {
   stop_ = true;
   wake();
   if (thread_.joinable()) thread_.join();
-  {
-    std::lock_guard lk(mu_);
-    running_ = false;
-    graveyard_.clear();
-  }
-  graveyard_cv_.notify_all();
   if (shm_) shm_->pub.close(true);
   shm_.reset();
   socks_.clear();
@@ -381,26 +373,18 @@ int ProbeEngine::add_source_path(std::string_view peer, int rail, uint16_t src_p
 }
 
 bool ProbeEngine::remove_source_path(int id) {
-  std::unique_lock lk(mu_);
-  bool found = false;
+  // Out of the epoll set, then closed, under the lock: the engine thread
+  // finds a source path's events by id, so one that came before this finds
+  // nothing.
+  std::lock_guard lk(mu_);
   for (auto& p : peers_)
     for (size_t k = 0; k < p->sources.size(); k++)
       if (!p->sources[k]->reflected && p->sources[k]->id == id) {
         unwatch(p->sources[k]->sock->fd());
-        graveyard_.push_back(std::move(p->sources[k]));
         p->sources.erase(p->sources.begin() + long(k));
-        found = true;
-        break;
+        return true;
       }
-  if (!found) return false;
-  // The engine thread may be polling its socket: it closes it once awake.
-  if (!running_ || std::this_thread::get_id() == thread_.get_id()) {
-    graveyard_.clear();
-    return true;
-  }
-  wake();
-  graveyard_cv_.wait_for(lk, std::chrono::seconds(2), [&] { return graveyard_.empty(); });
-  return true;
+  return false;
 }
 
 std::optional<SourcePathStats> ProbeEngine::source_path(int id) const {
@@ -515,11 +499,9 @@ void ProbeEngine::run() {
       int64_t now = ts_.now();
       if (probing_.load()) send_due(now);
       tick(now, &events);
-      graveyard_.clear();
       if (shm_ && std::any_of(events.begin(), events.end(), [](const PathEvent& e) { return e.source_id; }))
         shm_->pub.bump_paths_gen();
     }
-    graveyard_cv_.notify_all();
     // Outside the lock: a callback may read the engine (report(), path()).
     if (!events.empty()) {
       std::lock_guard cl(cb_mu_);

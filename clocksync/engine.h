@@ -25,7 +25,6 @@
 // register on_path_change(). stop() (or the destructor) joins the thread.
 #pragma once
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -219,16 +218,12 @@ class ProbeEngine {
   std::vector<std::vector<Pending>> pending_;  // per rail: send id -> probe
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Peer>> peers_;
-  // Removed source paths whose sockets the engine thread may still poll: it
-  // destroys them once awake, and remove_source_path waits for that.
-  std::vector<std::unique_ptr<SourcePath>> graveyard_;
-  std::condition_variable graveyard_cv_;
   int next_source_id_ = 1;
   EngineCounters ctr_;
   std::function<void(const PathEvent&)> path_cb_, source_cb_;
   std::vector<std::function<void(const PathEvent&)>> path_listeners_;
   std::mutex cb_mu_;
-  std::atomic<bool> stop_{false}, probing_{true}, running_{false};
+  std::atomic<bool> stop_{false}, probing_{true};
   std::thread thread_;
   int wake_fd_ = -1;  // eventfd, the engine's lifetime: add_peer, set_probing, stop end its sleep
   // epoll set of the engine thread, the engine's lifetime: wake_fd_, the

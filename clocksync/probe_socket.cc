@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -218,23 +217,6 @@ void ProbeSocket::drain_send_stamps(const std::function<void(int64_t, int64_t)>&
     }
     if (n < kBatch) return;  // the queue was empty after these: no call to learn it
   }
-}
-
-ssize_t ProbeSocket::recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx_ns) {
-  char ctrl[512];
-  iovec iov{buf.data(), buf.size()};
-  msghdr msg{};
-  msg.msg_name = from;
-  msg.msg_namelen = sizeof(*from);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof(ctrl);
-  ssize_t n = recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_TRUNC);
-  if (n < 0) return -1;
-  *rx_ns = mode_ == StampMode::user ? realtime_now() : stamp_from_cmsg(&msg);
-  if (msg.msg_flags & MSG_TRUNC) return ssize_t(buf.size()) + 1;  // oversized: the parser rejects it
-  return n;
 }
 
 int ProbeSocket::recv_all(int max,

@@ -47,11 +47,9 @@ class ProbeSocket {
   // Delivers every queued send stamp as (id, kernel CLOCK_REALTIME ns),
   // several per system call.
   void drain_send_stamps(const std::function<void(int64_t id, int64_t ns)>& fn);
-  // Receives one datagram; rx_ns is the kernel CLOCK_REALTIME receive stamp
-  // (0 if none came). Returns the length, or -1 when nothing is waiting.
-  ssize_t recv(std::span<uint8_t> buf, sockaddr_in* from, int64_t* rx_ns);
   // Receives what is waiting, up to `max` datagrams, several per system
-  // call (recvmmsg): fn(data, from, rx_ns) for each, rx_ns as recv()'s; a
+  // call (recvmmsg): fn(data, from, rx_ns) for each, rx_ns the kernel
+  // CLOCK_REALTIME receive stamp (0 if none came); a
   // datagram longer than kMaxDatagram comes cut to that length (longer
   // than any probe, so its parser still rejects it). Returns how many came.
   static constexpr size_t kMaxDatagram = 2048;
