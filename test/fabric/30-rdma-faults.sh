@@ -128,7 +128,7 @@ grep -E '^ *65536|Failed' "$TMP/b_cli"
 note "baseline: ib_write_bw over rdma_cm with --retry_count=3, host link down"
 "$FABRIC" --name "$NAME" exec h2 -- timeout 60 ib_write_bw -R -d rxe0 -n 100000 > "$TMP/r_srv" 2>&1 &
 srv=$!
-sleep 4    # an rdma_cm listener has no TCP port to wait for
+wait_port h2 18515
 "$FABRIC" --name "$NAME" exec h1 -- timeout 60 ib_write_bw -R --retry_count=3 -d rxe0 -n 100000 "$dst" > "$TMP/r_cli" 2>&1 &
 cli=$!
 sleep 3

@@ -67,9 +67,11 @@ EOF
 # gexec HOST CMD...: a command on a guest, bounded in time
 gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
 
-# wait_port HOST PORT: until something listens on TCP PORT on HOST
+# wait_port HOST PORT: until something listens there: a TCP socket, or an
+# rdma_cm id (perftest -R, fi_pingpong's endpoint), which ss does not show
 wait_port() {
-  fab exec "$1" -- timeout 30 sh -c "until ss -ltn | grep -q ':$2 '; do sleep 0.2; done" ||
+  fab exec "$1" -- timeout 30 sh -c "until ss -ltn | grep -q ':$2 ' ||
+    rdma res show cm_id 2>/dev/null | grep -q 'LISTEN.*:$2\\b'; do sleep 0.2; done" ||
     fail "nothing listens on $1:$2"
 }
 

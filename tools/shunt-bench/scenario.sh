@@ -280,7 +280,10 @@ run_tool() {
   # connection ends with exit 124
   fab exec h2 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h2) "${args[@]}" >"$out/$mode.server.out" 2>&1 &
   srv=$!
-  fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port '; do sleep 0.2; done"
+  # listening: a TCP socket (fi_pingpong's control connection) or an
+  # rdma_cm id (perftest -R), which ss does not show
+  fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port ' ||
+    rdma res show cm_id 2>/dev/null | grep -q 'LISTEN.*:$port\\b'; do sleep 0.2; done"
   fab exec h1 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h1) "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
   cli=$!
   local t0
@@ -293,6 +296,13 @@ run_tool() {
   local rc=0
   wait "$cli" || rc=$?
   python3 -c "import time; print(round(time.time() - $t0, 1))" >"$out/$mode.ran"
+  # a client that failed decided the run; its server, whose peer vanished
+  # over a dead link, would wait out its time limit: 5 s, then it is ended
+  # (the exec's end ends the program in the guest)
+  if [ $rc != 0 ]; then
+    for _ in $(seq 25); do kill -0 "$srv" 2>/dev/null || break; sleep 0.2; done
+    kill "$srv" 2>/dev/null
+  fi
   wait "$srv" || { [ $rc = 0 ] && rc=$?; }
   wait "$injector" 2>/dev/null; injector=
   echo "$rc" >"$out/$mode.rc"
