@@ -34,21 +34,21 @@ run() {
 stats() { fab exec "$1" -- cat "/tmp/$2.json" > "$TMP/$2.json" || fail "no stats $2 on $1"; }
 py() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); rc=[q for q in d['verbs']['qps'] if q['type'] == 'RC' and 'shadow_of' not in q]; $2" "$TMP/$1.json"; }
 
-note "ib_write_bw, 3000 x 64 KiB"
-run wbw-srv h2 ib_write_bw -d rxe0 -x "$gid" -n 3000 > "$TMP/srv.out" 2>&1 &
+note "ib_write_bw, 1500 x 64 KiB"
+run wbw-srv h2 ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
 srv=$!
 wait_port h2 18515
-run wbw-cli h1 ib_write_bw -d rxe0 -x "$gid" -n 3000 "$dst" > "$TMP/cli.out" 2>&1 ||
+run wbw-cli h1 ib_write_bw -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
   { cat "$TMP/cli.out"; fail "ib_write_bw failed under active shunt"; }
 wait $srv || { rc=$?; cat "$TMP/srv.out"; fail "ib_write_bw server failed (exit $rc)"; }
-grep -qE "^ 65536 +3000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+grep -qE "^ 65536 +1500 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
 grep -q "bundle active with 4 shadow paths" "$TMP/cli.out" || { cat "$TMP/cli.out"; fail "no bundle on the client"; }
 grep -q "bundle active with 4 shadow paths" "$TMP/srv.out" || { cat "$TMP/srv.out"; fail "no bundle on the server"; }
 stats h1 wbw-cli
 py wbw-cli 'b=rc[0]["bundle"]; print(b["state"], [p["wrs"] for p in b["paths"]], "fences", b["fences"])'
-[ "$(py wbw-cli 'print(rc[0]["send_wrs"]["RDMA_WRITE"])')" = 3000 ] || fail "the application's WRITEs miscounted"
+[ "$(py wbw-cli 'print(rc[0]["send_wrs"]["RDMA_WRITE"])')" = 1500 ] || fail "the application's WRITEs miscounted"
 shadow=$(py wbw-cli 'print(sum(q["send_wrs"].get("RDMA_WRITE", 0) for q in d["verbs"]["qps"] if "shadow_of" in q))')
-echo "WRITEs on shadow QPs: $shadow of 3000"
+echo "WRITEs on shadow QPs: $shadow of 1500"
 [ "$shadow" -gt 0 ] || fail "no WRITE went over a shadow path"
 [ "$(py wbw-cli 'print(len([q for q in d["verbs"]["qps"] if q.get("shadow_of") == rc[0]["qpn"]]))')" = 4 ] ||
   fail "not 4 shadow QPs behind the application's QP"
@@ -59,7 +59,7 @@ a2a() {
   note "shunt-bench alltoall $verb, -c 1, $paths paths, $n ranks"
   local port=$((29700 + RANDOM % 200)) r pids=()
   local args=(--world "$n" --bootstrap "$BOOT:$port" --transport verbs -d rxe0 --verb "$verb" -b 1M -e 1M
-    --duration 12 -w 1 -c 1 --seg 256K)
+    --duration 8 -w 1 -c 1 --seg 256K)
   for ((r = 1; r < n; r++)); do
     run "$name-$r" "h$((r + 1))" SHUNT_PATHS_PER_RAIL="$paths" ${A2A_ENV:-} "$BENCH" --rank $r "${args[@]}" \
       > "$TMP/$name-$r.out" 2>&1 &
@@ -123,17 +123,17 @@ note "ibv_rc_pingpong, polling and events"
 pingpong pp
 pingpong ppe -e
 
-# perftest NAME TOOL: 1500 x 64 KiB h1 -> h2, both under active shunt
+# perftest NAME TOOL: 800 x 64 KiB h1 -> h2, both under active shunt
 perftest() {
   local name=$1 tool=$2
-  note "$tool, 1500 x 64 KiB"
-  run "$name-srv" h2 "$tool" -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
+  note "$tool, 800 x 64 KiB"
+  run "$name-srv" h2 "$tool" -d rxe0 -x "$gid" -n 800 > "$TMP/srv.out" 2>&1 &
   local srv=$!
   wait_port h2 18515
-  run "$name-cli" h1 "$tool" -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
+  run "$name-cli" h1 "$tool" -d rxe0 -x "$gid" -n 800 "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "$tool failed under active shunt"; }
   wait $srv || { rc=$?; cat "$TMP/srv.out"; fail "$tool server failed (exit $rc)"; }
-  grep -qE "^ 65536 +1500 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+  grep -qE "^ 65536 +800 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
   stats h1 "$name-cli"
   py "$name-cli" 'b=rc[0]["bundle"]; print(b["state"], [p["wrs"] for p in b["paths"]])'
 }
@@ -159,7 +159,7 @@ grep -qE "^4k +200 " "$TMP/fi" || { cat "$TMP/fi"; fail "no fi_pingpong result l
 note "ib_write_bw -R (rdma_cm): every CQ holds a completion of each QP on it"
 run cm-srv h2 ib_write_bw -R -d rxe0 -D 8 > "$TMP/cm_srv" 2>&1 &
 srv=$!
-sleep 2
+wait_port h2 18515
 run cm-cli h1 ib_write_bw -R -d rxe0 -D 8 "$dst" > "$TMP/cm" 2>&1 &
 cli=$!
 sleep 5
@@ -172,13 +172,13 @@ awk '/comm ib_write_bw/ { for (i = 1; i < NF; i++) { if ($i == "cqe") c = $(i + 
 grep -E "users [2-9]" "$TMP/cqs" | grep -q "comm ib_write_bw" || { cat "$TMP/cqs"; fail "no CQ shared with shadows"; }
 
 note "a peer without shunt: primary-only, and the program works"
-gexec h2 ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
+gexec h2 ib_write_bw -d rxe0 -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
 srv=$!
 wait_port h2 18515
-run plain-cli h1 SHUNT_BUNDLE_SETUP_MS=1500 ib_write_bw -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
+run plain-cli h1 SHUNT_BUNDLE_SETUP_MS=1500 ib_write_bw -d rxe0 -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
   { cat "$TMP/cli.out"; fail "ib_write_bw against a peer without shunt"; }
 wait $srv || fail "plain server failed"
-grep -qE "^ 65536 +1500 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+grep -qE "^ 65536 +600 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
 stats h1 plain-cli
 state=$(py plain-cli 'print(rc[0]["bundle"]["state"])')
 echo "state: $state"
@@ -189,13 +189,13 @@ note "shadow creation refused: fewer paths, or none, and the program works"
 # limit LIMIT_CLI LIMIT_SRV WANT: ib_write_bw with shadow creation failing
 # once LIMIT shadows exist; WANT: the client's bundle paths (0: primary-only)
 limit() {
-  run "lim-srv" h2 SHUNT_TEST_SHADOW_LIMIT="$2" ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
+  run "lim-srv" h2 SHUNT_TEST_SHADOW_LIMIT="$2" ib_write_bw -d rxe0 -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
   local srv=$!
   wait_port h2 18515
-  run "lim-cli" h1 SHUNT_TEST_SHADOW_LIMIT="$1" ib_write_bw -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
+  run "lim-cli" h1 SHUNT_TEST_SHADOW_LIMIT="$1" ib_write_bw -d rxe0 -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "ib_write_bw with shadow creation failing"; }
   wait $srv || { cat "$TMP/srv.out"; fail "server with shadow creation failing"; }
-  grep -qE "^ 65536 +1500 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
+  grep -qE "^ 65536 +600 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
   stats h1 lim-cli
   local got
   got=$(py lim-cli 'b=rc[0]["bundle"]; print(len(b["paths"]), b["state"])')
