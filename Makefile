@@ -10,6 +10,9 @@ CXX      ?= g++
 CC       ?= gcc
 SAN      ?=
 OPT      ?= -O2
+# Line tables only: backtraces and perf keep file:line, and a full build takes
+# about a quarter less time than with -g (make DBG=-g for gdb's variables)
+DBG      ?= -g1
 JOBS     ?= $(shell nproc)
 
 # Debian packages the build, tests and benchmarks need; fragments add more.
@@ -21,9 +24,9 @@ DEB_PACKAGES := build-essential g++ make pkg-config python3 binutils \
 WARN     := -Wall -Wextra -Werror -Wno-missing-field-initializers
 DEFS     := -D_GNU_SOURCE -DSPDLOG_HEADER_ONLY -DSPDLOG_FMT_EXTERNAL -DFMT_HEADER_ONLY \
             -DSHUNT_VERSION=\"$(shell cat VERSION)\"
-CXXFLAGS_BASE := -std=c++20 $(OPT) -g -fPIC -fvisibility=hidden -fvisibility-inlines-hidden \
+CXXFLAGS_BASE := -std=c++20 $(OPT) $(DBG) -fPIC -fvisibility=hidden -fvisibility-inlines-hidden \
             $(WARN) $(DEFS) -I. $(SAN)
-CFLAGS_BASE   := -std=gnu11 $(OPT) -g $(WARN) -D_GNU_SOURCE $(SAN)
+CFLAGS_BASE   := -std=gnu11 $(OPT) $(DBG) $(WARN) -D_GNU_SOURCE $(SAN)
 
 # Library: every .cc under the library's parts. exports.cc and *_exports.cc files define the
 # interposed entry points and go only into the .so; everything else also goes
