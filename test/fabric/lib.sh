@@ -67,13 +67,8 @@ EOF
 # gexec HOST CMD...: a command on a guest, bounded in time
 gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
 
-# wait_port HOST PORT: until something listens there: a TCP socket, or an
-# rdma_cm id (perftest -R, fi_pingpong's endpoint), which ss does not show
-wait_port() {
-  fab exec "$1" -- timeout 30 sh -c "until ss -ltn | grep -q ':$2 ' ||
-    rdma res show cm_id 2>/dev/null | grep -q 'LISTEN.*:$2\\b'; do sleep 0.2; done" ||
-    fail "nothing listens on $1:$2"
-}
+# wait_port HOST PORT: until something listens there (TCP or rdma_cm), 30 s
+wait_port() { fab wait-port "$1" "$2" || fail "nothing listens on $1:$2"; }
 
 # bw_avg FILE: BW average (MB/s) from ib_write_bw output
 bw_avg() { awk '$1 ~ /^[0-9]+$/ && NF >= 5 { v = $4 } END { print v + 0 }' "$1"; }

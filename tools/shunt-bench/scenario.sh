@@ -281,9 +281,8 @@ run_tool() {
   fab exec h2 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h2) "${args[@]}" >"$out/$mode.server.out" 2>&1 &
   srv=$!
   # listening: a TCP socket (fi_pingpong's control connection) or an
-  # rdma_cm id (perftest -R), which ss does not show
-  fab exec h2 -- timeout 30 sh -c "until ss -ltn | grep -q ':$port ' ||
-    rdma res show cm_id 2>/dev/null | grep -q 'LISTEN.*:$port\\b'; do sleep 0.2; done"
+  # rdma_cm id (perftest -R)
+  fab wait-port h2 "$port"
   fab exec h1 -- timeout $((duration + stall + 30)) "${env[@]}" $(probe_env "$mode" h1) "${args[@]}" "$dst" >"$out/$mode.client.out" 2>&1 &
   cli=$!
   local t0
