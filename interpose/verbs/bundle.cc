@@ -286,8 +286,8 @@ struct Bundle {
   bool split = false;
   uint64_t split_min = 0;
   // Steering (SHUNT_STEER): with queue, by the probes' forward queues while
-  // they know at least two of the split's paths (steer_owd), else (and with
-  // latency) by segment latency; off: static shares.
+  // they know at least two of the split's paths (steer_owd), else the
+  // shares stay; with latency, by segment latency; off: static shares.
   bool steer = false, steer_queue = false, steer_owd = false;
   std::mt19937 rng{std::random_device{}()};
   uint64_t steer_steps = 0, steer_reversals = 0;
@@ -1683,14 +1683,16 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   // through a busier spine gets less, one through an idle spine more, until
   // the queues even out; paths behind the same queue keep their shares.
   // Shares stay within 1/4..4 of their mean, so no path's estimate goes stale.
-  // While the probes know the paths' forward queues, the failover worker
-  // steers the shares by those instead (steer_tick); SHUNT_STEER=off keeps
-  // them equal.
+  // With SHUNT_STEER=queue the failover worker steers the shares by the
+  // paths' forward queues instead (steer_tick), and they stay where it left
+  // them (equal at first) while the probes know too little: segment
+  // latencies on a loaded host walk the shares as far as the bounds before
+  // any queue is known; SHUNT_STEER=off keeps them equal.
   double raw = 0, sum = 0, lsum = 0;
   int ln = 0;
   for (int j = 0; j < k; j++)
     if (b->paths[on[j]].seg_lat > 0) lsum += b->paths[on[j]].seg_lat, ln++;
-  const bool by_latency = b->steer && !b->steer_owd && ln == k;
+  const bool by_latency = b->steer && !b->steer_queue && ln == k;
   for (int j = 0; j < k; j++) {
     Path& p = b->paths[on[j]];
     if (by_latency) p.share *= std::pow(lsum / ln / p.seg_lat, 0.25);
@@ -3367,7 +3369,7 @@ json bundle_json(const QpRecord& r) {
           {"fences", b->fences},
           {"splits", b->splits},
           {"segments", b->segments},
-          {"steer", !b->split ? "-" : !b->steer ? "off" : b->steer_owd ? "queue" : "latency"},
+          {"steer", !b->split ? "-" : !b->steer ? "off" : !b->steer_queue ? "latency" : b->steer_owd ? "queue" : "queue-unknown"},
           {"steer_steps", b->steer_steps},
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
