@@ -11,6 +11,10 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   bool any = false;
   for (const auto& p : paths)
     if (p.known) n++, any |= p.congested;
+  // Whether every known path keeps a queue over its threshold (steer.h).
+  bool all = true;
+  for (const auto& p : paths)
+    if (p.known) all &= p.excess_ns > p.threshold_ns;
   auto remember = [&] {
     for (auto& p : paths) p.prev_excess_ns = p.known ? p.excess_ns : -1;
   };
@@ -23,17 +27,20 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   // queue is the integral of the path's overload, so steering on the queue
   // alone overshoots and swings; its change is the overload itself.
   std::vector<double> ahead(paths.size(), 0);
-  double asum = 0;
+  double asum = 0, esum = 0;
   for (size_t i = 0; i < paths.size(); i++) {
     const SteerPath& p = paths[i];
     if (!p.known) continue;
     const double d = p.prev_excess_ns >= 0 ? p.excess_ns - p.prev_excess_ns : 0;
     ahead[i] = std::max(0.0, p.excess_ns + kTrendNs / interval_ns * d);
     asum += ahead[i];
+    esum += p.excess_ns;
   }
-  const double mean = asum / n;
+  const double mean = asum / n, emean = esum / n;
   // u: a path's extrapolated queue over the bundle's mean, relative to the
-  // larger of that mean, its threshold and one interval (steer.h).
+  // larger of that mean, its threshold and, unless every path queues (a
+  // window-limited sender), one interval (steer.h).
+  const double unit_floor = all ? 0 : interval_ns;
   const double g = kSteerGain * std::uniform_real_distribution<double>(0.5, 1.5)(rng);
   std::vector<double> before(paths.size());
   double raw = 0;
@@ -41,7 +48,9 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
     SteerPath& p = paths[i];
     before[i] = p.share;
     if (p.known && std::fabs(ahead[i] - mean) > p.threshold_ns / 2) {
-      const double u = std::clamp((ahead[i] - mean) / std::max({mean, p.threshold_ns, interval_ns}), -kMaxStep, kMaxStep);
+      const double u = std::clamp((ahead[i] - mean) / std::max({mean, p.threshold_ns, unit_floor}) +
+                                      kLevelGain * (p.excess_ns - emean) / std::max(emean, p.threshold_ns),
+                                  -kMaxStep, kMaxStep);
       p.share *= std::exp(-g * u);
     }
     raw += p.share;

@@ -50,6 +50,14 @@ struct Fabric {
   // jobs keep in flight on it over its rate, at once; else (open loop) the
   // queue integrates the spine's overload.
   bool window = false;
+  double unit_ns = 250e6;          // a queue of 1 in ns: one tick unless set
+  // Each probe samples a queue that bursts (segments arrive 256 KiB at a
+  // time): a path's reading is its spine's mean queue times an exponential
+  // draw, so paths through one spine read differently at each step.
+  bool bursty = false;
+  // Window-limited where only the slow spine queues: the others' share of
+  // the window drains at once (each message waits for its slowest segment).
+  bool gated = false;
 };
 
 // One tick (a steering interval): loads from the shares, queues move, every
@@ -58,7 +66,9 @@ void tick(Fabric& f, std::vector<Job>& jobs, std::mt19937& rng, bool steer = tru
   for (int s = 0; s < 2; s++) {
     f.load[s] = f.cross[s];
     for (auto& j : jobs) f.load[s] += j.demand * frac(j, s);
-    f.q[s] = f.window ? f.load[s] / f.cap[s] : std::max(0.0, f.q[s] + (f.load[s] - f.cap[s]) / f.cap[s]);
+    f.q[s] = f.gated    ? std::max(0.0, f.load[s] / f.cap[s] - 1)
+             : f.window ? f.load[s] / f.cap[s]
+                        : std::max(0.0, f.q[s] + (f.load[s] - f.cap[s]) / f.cap[s]);
   }
   f.seen.push_back({f.q[0], f.q[1]});
   if (f.seen.size() > 3) f.seen.pop_front();
@@ -69,7 +79,8 @@ void tick(Fabric& f, std::vector<Job>& jobs, std::mt19937& rng, bool steer = tru
       SteerPath& p = j.paths[i];
       p.known = true;
       p.threshold_ns = 1e6;  // 1 ms of measured noise, x 6
-      p.excess_ns = q[j.spine[i]] * 250e6;  // a tick is 250 ms
+      p.excess_ns = q[j.spine[i]] * f.unit_ns;  // a tick is 250 ms
+      if (f.bursty) p.excess_ns *= std::exponential_distribution<double>(1.0)(rng);
       p.congested = p.excess_ns > p.threshold_ns;
     }
     SteerResult r = steer_step(j.paths, 250e6, rng);
@@ -133,6 +144,60 @@ TEST(Steer, NoContentionNoMove) {
   Fabric f{{1.0, 1.0}};
   for (int t = 0; t < 100; t++) tick(f, jobs, rng);
   for (auto& p : jobs[0].paths) EXPECT_DOUBLE_EQ(p.share, 1.0);
+}
+
+// Window-limited, as a job on soft-RoCE whose CPU limits it keeps only a
+// few ms standing at the bottleneck: one spine slowed to a third of the
+// other's rate, 4 of 8 paths on it. Their queues (15 against 5 ms at equal
+// shares) are far below a steering interval, yet the slow paths' shares
+// fall to below half of the others' within 10 s, and the queues end within
+// the paths' threshold (1 ms) of each other.
+TEST(Steer, ShortStandingQueuesEvenOutToo) {
+  std::mt19937 rng(13);
+  std::vector<Job> jobs = {job({0, 0, 0, 0, 1, 1, 1, 1}, 1.0)};
+  Fabric f{{1.0, 1.0 / 3}};
+  f.window = true;
+  f.unit_ns = 10e6;
+  for (int t = 0; t < 40; t++) tick(f, jobs, rng);
+  const auto& p = jobs[0].paths;
+  EXPECT_LT(p[4].share + p[5].share + p[6].share + p[7].share, 0.5 * (p[0].share + p[1].share + p[2].share + p[3].share));
+  for (int t = 0; t < 200; t++) tick(f, jobs, rng);
+  EXPECT_LT(std::fabs(f.q[1] - f.q[0]) * f.unit_ns, 1e6)  // within the paths' threshold
+      << "slow spine's queue " << f.q[1] * 10 << " ms, fast " << f.q[0] * 10;
+}
+
+// As above, but every reading is one sample of a bursty queue (a fast
+// path's reading beats a slow one's a third of the time): within a minute
+// the slow spine's shares are below half of the fast one's.
+TEST(Steer, BurstyReadingsStillSteer) {
+  std::mt19937 rng(17);
+  std::vector<Job> jobs = {job({0, 0, 0, 0, 1, 1, 1, 1}, 1.0)};
+  Fabric f{{1.0, 1.0 / 3}};
+  f.window = true;
+  f.unit_ns = 10e6;
+  f.bursty = true;
+  double mean = 0;
+  for (int t = 0; t < 240; t++) {
+    tick(f, jobs, rng);
+    const auto& p = jobs[0].paths;
+    if (t >= 120) mean += (p[4].share + p[5].share + p[6].share + p[7].share) / (p[0].share + p[1].share + p[2].share + p[3].share) / 120;
+  }
+  EXPECT_LT(mean, 0.5) << "the slow spine's paths kept " << mean << " of the fast one's share";
+}
+
+// Only the slow spine (a quarter of the other's rate) queues, 10 ms at
+// equal shares; the fast one's queue stays under the threshold: within 20 s
+// the slow spine's shares are below half of the fast one's.
+TEST(Steer, OnlyTheSlowSpineQueues) {
+  std::mt19937 rng(19);
+  std::vector<Job> jobs = {job({0, 0, 0, 0, 1, 1, 1, 1}, 1.0)};
+  Fabric f{{1.0, 0.25}};
+  f.gated = true;
+  f.unit_ns = 10e6;
+  f.bursty = true;
+  for (int t = 0; t < 80; t++) tick(f, jobs, rng);
+  const auto& p = jobs[0].paths;
+  EXPECT_LT(p[4].share + p[5].share + p[6].share + p[7].share, 0.5 * (p[0].share + p[1].share + p[2].share + p[3].share));
 }
 
 // One slow path: cross traffic fills spine 1, on which one of four paths
