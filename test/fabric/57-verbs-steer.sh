@@ -121,9 +121,12 @@ share = {p["udp_sport"]: p["share"] for p in shadows}
 s_slow = sum(share[p] for p in slow) / len(slow)
 s_fast = sum(share[p] for p in fast) / len(fast)
 print(f"mean share: slow {s_slow:.2f}, fast {s_fast:.2f}; steering steps {b['steer_steps']}, mode {b['steer']}")
-if b["steer"] != "queue" or s_slow >= 0.5 * s_fast:
-    sys.exit("steering did not move work off the slow paths")
 ev = [json.loads(l) for l in open(events)]
+if b["steer"] != "queue" or s_slow >= 0.5 * s_fast:
+    for e in ev:  # each path as port:share:queue in us
+        if e["event"] == "steer":
+            print("steer", round((e["mono_ns"] - fault) / 1e9, 1), "s:", e["paths"])
+    sys.exit("steering did not move work off the slow paths")
 steers = [e for e in ev if e["event"] == "steer" and e["mono_ns"] > fault]
 if not steers:
     sys.exit("no steer event after the fault")
