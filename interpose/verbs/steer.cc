@@ -11,10 +11,6 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   bool any = false;
   for (const auto& p : paths)
     if (p.known) n++, any |= p.congested;
-  // Whether every known path keeps a queue over its threshold (steer.h).
-  bool all = true;
-  for (const auto& p : paths)
-    if (p.known) all &= p.excess_ns > p.threshold_ns;
   auto remember = [&] {
     for (auto& p : paths) p.prev_excess_ns = p.known ? p.excess_ns : -1;
   };
@@ -38,9 +34,9 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   }
   const double mean = asum / n, emean = esum / n;
   // u: a path's extrapolated queue over the bundle's mean, relative to the
-  // larger of that mean, its threshold and, unless every path queues (a
-  // window-limited sender), one interval (steer.h).
-  const double unit_floor = all ? 0 : interval_ns;
+  // larger of that mean, its threshold and one interval, plus kLevelGain
+  // times its present queue over the bundle's mean, relative to that mean
+  // (steer.h).
   const double g = kSteerGain * std::uniform_real_distribution<double>(0.5, 1.5)(rng);
   std::vector<double> before(paths.size());
   double raw = 0;
@@ -48,7 +44,7 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
     SteerPath& p = paths[i];
     before[i] = p.share;
     if (p.known && std::fabs(ahead[i] - mean) > p.threshold_ns / 2) {
-      const double u = std::clamp((ahead[i] - mean) / std::max({mean, p.threshold_ns, unit_floor}) +
+      const double u = std::clamp((ahead[i] - mean) / std::max({mean, p.threshold_ns, interval_ns}) +
                                       kLevelGain * (p.excess_ns - emean) / std::max(emean, p.threshold_ns),
                                   -kMaxStep, kMaxStep);
       p.share *= std::exp(-g * u);
