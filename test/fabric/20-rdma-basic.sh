@@ -28,10 +28,10 @@ gexec h1 sh -c 'exit 7'; [ $? = 7 ] || fail "exit status not passed back"
 write_bw() {
   local r=$1 out=$2; shift 2
   local dst; dst=$(fab addr h2 r$r)
-  gexec h2 ib_write_bw -d rxe$r -x "$gid" "$@" > "$TMP/srv" 2>&1 &
+  gexec h2 ib_write_bw -d rxe$r -F -x "$gid" "$@" > "$TMP/srv" 2>&1 &
   local srv=$!
   wait_port h2 18515
-  gexec h1 ib_write_bw -d rxe$r -x "$gid" "$@" "$dst" > "$out" 2>&1
+  gexec h1 ib_write_bw -d rxe$r -F -x "$gid" "$@" "$dst" > "$out" 2>&1
   local rc=$?
   wait $srv || rc=1
   return $rc

@@ -52,10 +52,10 @@ echo "ok: ibv_req_notify_cq calls seen: $n"
 perftest() {
   local name=$1 tool=$2 op=$3
   note "$tool, 1000 x 64 KiB"
-  run "$name-srv" h2 "$tool" -d rxe0 -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
+  run "$name-srv" h2 "$tool" -d rxe0 -F -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
   local srv=$!
   wait_port h2 18515
-  run "$name-cli" h1 "$tool" -d rxe0 -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
+  run "$name-cli" h1 "$tool" -d rxe0 -F -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
     fail "$tool failed under the preload: $(cat "$TMP/cli.out")"
   wait $srv || fail "$tool server failed: $(cat "$TMP/srv.out")"
   grep -qE "^ 65536 +1000 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"

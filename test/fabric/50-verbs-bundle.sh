@@ -35,10 +35,10 @@ stats() { fab exec "$1" -- cat "/tmp/$2.json" > "$TMP/$2.json" || fail "no stats
 py() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); rc=[q for q in d['verbs']['qps'] if q['type'] == 'RC' and 'shadow_of' not in q]; $2" "$TMP/$1.json"; }
 
 note "ib_write_bw, 1500 x 64 KiB"
-run wbw-srv h2 ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
+run wbw-srv h2 ib_write_bw -d rxe0 -F -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
 srv=$!
 wait_port h2 18515
-run wbw-cli h1 ib_write_bw -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
+run wbw-cli h1 ib_write_bw -d rxe0 -F -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
   { cat "$TMP/cli.out"; fail "ib_write_bw failed under active shunt"; }
 wait $srv || { rc=$?; cat "$TMP/srv.out"; fail "ib_write_bw server failed (exit $rc)"; }
 grep -qE "^ 65536 +1500 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
@@ -127,10 +127,10 @@ pingpong ppe -e
 perftest() {
   local name=$1 tool=$2
   note "$tool, 800 x 64 KiB"
-  run "$name-srv" h2 "$tool" -d rxe0 -x "$gid" -n 800 > "$TMP/srv.out" 2>&1 &
+  run "$name-srv" h2 "$tool" -d rxe0 -F -x "$gid" -n 800 > "$TMP/srv.out" 2>&1 &
   local srv=$!
   wait_port h2 18515
-  run "$name-cli" h1 "$tool" -d rxe0 -x "$gid" -n 800 "$dst" > "$TMP/cli.out" 2>&1 ||
+  run "$name-cli" h1 "$tool" -d rxe0 -F -x "$gid" -n 800 "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "$tool failed under active shunt"; }
   wait $srv || { rc=$?; cat "$TMP/srv.out"; fail "$tool server failed (exit $rc)"; }
   grep -qE "^ 65536 +800 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
@@ -157,10 +157,10 @@ grep -qE "^4k +200 " "$TMP/fi" || { cat "$TMP/fi"; fail "no fi_pingpong result l
 # them (rxe drops a completion that finds its CQ full, and a probe whose
 # completion is lost leaves its path stalled for good).
 note "ib_write_bw -R (rdma_cm): every CQ holds a completion of each QP on it"
-run cm-srv h2 ib_write_bw -R -d rxe0 -D 8 > "$TMP/cm_srv" 2>&1 &
+run cm-srv h2 ib_write_bw -R -d rxe0 -F -D 8 > "$TMP/cm_srv" 2>&1 &
 srv=$!
 wait_port h2 18515
-run cm-cli h1 ib_write_bw -R -d rxe0 -D 8 "$dst" > "$TMP/cm" 2>&1 &
+run cm-cli h1 ib_write_bw -R -d rxe0 -F -D 8 "$dst" > "$TMP/cm" 2>&1 &
 cli=$!
 sleep 5
 fab exec h1 -- rdma res show cq > "$TMP/cqs" 2>&1
@@ -172,10 +172,10 @@ awk '/comm ib_write_bw/ { for (i = 1; i < NF; i++) { if ($i == "cqe") c = $(i + 
 grep -E "users [2-9]" "$TMP/cqs" | grep -q "comm ib_write_bw" || { cat "$TMP/cqs"; fail "no CQ shared with shadows"; }
 
 note "a peer without shunt: primary-only, and the program works"
-gexec h2 ib_write_bw -d rxe0 -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
+gexec h2 ib_write_bw -d rxe0 -F -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
 srv=$!
 wait_port h2 18515
-run plain-cli h1 SHUNT_BUNDLE_SETUP_MS=1500 ib_write_bw -d rxe0 -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
+run plain-cli h1 SHUNT_BUNDLE_SETUP_MS=1500 ib_write_bw -d rxe0 -F -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
   { cat "$TMP/cli.out"; fail "ib_write_bw against a peer without shunt"; }
 wait $srv || fail "plain server failed"
 grep -qE "^ 65536 +600 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
@@ -189,10 +189,10 @@ note "shadow creation refused: fewer paths, or none, and the program works"
 # limit LIMIT_CLI LIMIT_SRV WANT: ib_write_bw with shadow creation failing
 # once LIMIT shadows exist; WANT: the client's bundle paths (0: primary-only)
 limit() {
-  run "lim-srv" h2 SHUNT_TEST_SHADOW_LIMIT="$2" ib_write_bw -d rxe0 -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
+  run "lim-srv" h2 SHUNT_TEST_SHADOW_LIMIT="$2" ib_write_bw -d rxe0 -F -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
   local srv=$!
   wait_port h2 18515
-  run "lim-cli" h1 SHUNT_TEST_SHADOW_LIMIT="$1" ib_write_bw -d rxe0 -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
+  run "lim-cli" h1 SHUNT_TEST_SHADOW_LIMIT="$1" ib_write_bw -d rxe0 -F -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "ib_write_bw with shadow creation failing"; }
   wait $srv || { cat "$TMP/srv.out"; fail "server with shadow creation failing"; }
   grep -qE "^ 65536 +600 " "$TMP/cli.out" || fail "no result line: $(cat "$TMP/cli.out")"
@@ -213,7 +213,7 @@ limit -1 2 2
 note "no job key: no bundle at all (nothing to authenticate the peer with)"
 nokey() {
   fab exec "$1" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_LOG_LEVEL=info \
-    SHUNT_STATS_FILE="/tmp/$2.json" ib_write_bw -d rxe0 -x "$gid" -n 500 "${@:3}"
+    SHUNT_STATS_FILE="/tmp/$2.json" ib_write_bw -d rxe0 -F -x "$gid" -n 500 "${@:3}"
 }
 nokey h2 nokey-srv > "$TMP/srv.out" 2>&1 &
 srv=$!
