@@ -50,7 +50,7 @@ struct Fabric {
   // jobs keep in flight on it over its rate, at once; else (open loop) the
   // queue integrates the spine's overload.
   bool window = false;
-  double unit_ns = 250e6;          // a queue of 1 in ns: one tick unless set
+  double unit_ns = 250e6;          // a queue of 1 in ns: one tick (250 ms) unless set
   // Each probe samples a queue that bursts (segments arrive 256 KiB at a
   // time): a path's reading is its spine's mean queue times an exponential
   // draw, so paths through one spine read differently at each step.
@@ -79,7 +79,7 @@ void tick(Fabric& f, std::vector<Job>& jobs, std::mt19937& rng, bool steer = tru
       SteerPath& p = j.paths[i];
       p.known = true;
       p.threshold_ns = 1e6;  // 1 ms of measured noise, x 6
-      p.excess_ns = q[j.spine[i]] * f.unit_ns;  // a tick is 250 ms
+      p.excess_ns = q[j.spine[i]] * f.unit_ns;
       if (f.bursty) p.excess_ns *= std::exponential_distribution<double>(1.0)(rng);
       p.congested = p.excess_ns > p.threshold_ns;
     }
