@@ -146,6 +146,17 @@ TEST(Steer, NoContentionNoMove) {
   for (auto& p : jobs[0].paths) EXPECT_DOUBLE_EQ(p.share, 1.0);
 }
 
+// A window-limited job's spines whose queues are a few ms (a queue of 1 is
+// 10 ms), spine 1 slowed to slow_cap of spine 0's rate; and a job's share
+// on spine 1 over its share on spine 0.
+Fabric short_queues(double slow_cap) {
+  Fabric f{{1.0, slow_cap}};
+  f.window = true;
+  f.unit_ns = 10e6;
+  return f;
+}
+double slow_over_fast(const Job& j) { return frac(j, 1) / frac(j, 0); }
+
 // Window-limited, as a job on soft-RoCE whose CPU limits it keeps only a
 // few ms standing at the bottleneck: one spine slowed to a third of the
 // other's rate, 4 of 8 paths on it. Their queues (15 against 5 ms at equal
@@ -155,12 +166,9 @@ TEST(Steer, NoContentionNoMove) {
 TEST(Steer, ShortStandingQueuesEvenOutToo) {
   std::mt19937 rng(13);
   std::vector<Job> jobs = {job({0, 0, 0, 0, 1, 1, 1, 1}, 1.0)};
-  Fabric f{{1.0, 1.0 / 3}};
-  f.window = true;
-  f.unit_ns = 10e6;
+  Fabric f = short_queues(1.0 / 3);
   for (int t = 0; t < 40; t++) tick(f, jobs, rng);
-  const auto& p = jobs[0].paths;
-  EXPECT_LT(p[4].share + p[5].share + p[6].share + p[7].share, 0.5 * (p[0].share + p[1].share + p[2].share + p[3].share));
+  EXPECT_LT(slow_over_fast(jobs[0]), 0.5);
   for (int t = 0; t < 200; t++) tick(f, jobs, rng);
   EXPECT_LT(std::fabs(f.q[1] - f.q[0]) * f.unit_ns, 1e6)  // within the paths' threshold
       << "slow spine's queue " << f.q[1] * 10 << " ms, fast " << f.q[0] * 10;
@@ -172,15 +180,12 @@ TEST(Steer, ShortStandingQueuesEvenOutToo) {
 TEST(Steer, BurstyReadingsStillSteer) {
   std::mt19937 rng(17);
   std::vector<Job> jobs = {job({0, 0, 0, 0, 1, 1, 1, 1}, 1.0)};
-  Fabric f{{1.0, 1.0 / 3}};
-  f.window = true;
-  f.unit_ns = 10e6;
+  Fabric f = short_queues(1.0 / 3);
   f.bursty = true;
   double mean = 0;
   for (int t = 0; t < 240; t++) {
     tick(f, jobs, rng);
-    const auto& p = jobs[0].paths;
-    if (t >= 120) mean += (p[4].share + p[5].share + p[6].share + p[7].share) / (p[0].share + p[1].share + p[2].share + p[3].share) / 120;
+    if (t >= 120) mean += slow_over_fast(jobs[0]) / 120;
   }
   EXPECT_LT(mean, 0.5) << "the slow spine's paths kept " << mean << " of the fast one's share";
 }
@@ -191,13 +196,11 @@ TEST(Steer, BurstyReadingsStillSteer) {
 TEST(Steer, OnlyTheSlowSpineQueues) {
   std::mt19937 rng(19);
   std::vector<Job> jobs = {job({0, 0, 0, 0, 1, 1, 1, 1}, 1.0)};
-  Fabric f{{1.0, 0.25}};
+  Fabric f = short_queues(0.25);
   f.gated = true;
-  f.unit_ns = 10e6;
   f.bursty = true;
   for (int t = 0; t < 80; t++) tick(f, jobs, rng);
-  const auto& p = jobs[0].paths;
-  EXPECT_LT(p[4].share + p[5].share + p[6].share + p[7].share, 0.5 * (p[0].share + p[1].share + p[2].share + p[3].share));
+  EXPECT_LT(slow_over_fast(jobs[0]), 0.5);
 }
 
 // One slow path: cross traffic fills spine 1, on which one of four paths
