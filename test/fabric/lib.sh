@@ -67,8 +67,9 @@ EOF
 # gexec HOST CMD...: a command on a guest, bounded in time
 gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
 
-# wait_port HOST PORT: until something listens there (TCP or rdma_cm), 30 s
-wait_port() { fab wait-port "$1" "$2" || fail "nothing listens on $1:$2"; }
+# wait_port HOST PORT [SECONDS]: until something listens there (TCP or
+# rdma_cm), at most SECONDS (30)
+wait_port() { fab wait-port --timeout "${3:-30}" "$1" "$2" || fail "nothing listens on $1:$2"; }
 
 # bw_avg FILE: BW average (MB/s) from ib_write_bw output
 bw_avg() { awk '$1 ~ /^[0-9]+$/ && NF >= 5 { v = $4 } END { print v + 0 }' "$1"; }
