@@ -1690,9 +1690,11 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   // any queue is known; SHUNT_STEER=off keeps them equal.
   double raw = 0, sum = 0, lsum = 0;
   int ln = 0;
-  for (int j = 0; j < k; j++)
-    if (b->paths[on[j]].seg_lat > 0) lsum += b->paths[on[j]].seg_lat, ln++;
-  const bool by_latency = b->steer && !b->steer_queue && ln == k;
+  const bool latency = b->steer && !b->steer_queue;
+  if (latency)
+    for (int j = 0; j < k; j++)
+      if (b->paths[on[j]].seg_lat > 0) lsum += b->paths[on[j]].seg_lat, ln++;
+  const bool by_latency = latency && ln == k;
   for (int j = 0; j < k; j++) {
     Path& p = b->paths[on[j]];
     if (by_latency) p.share *= std::pow(lsum / ln / p.seg_lat, 0.25);
