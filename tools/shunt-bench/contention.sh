@@ -6,19 +6,18 @@
 # queues (SHUNT_STEER=queue). `shunt-bench scenario contention` runs it.
 #
 # Usage: shunt-bench scenario contention [options]
-#   --rate MBIT   every leaf-spine link, each way (default 20; soft-RoCE
-#                 guests on two host cores are CPU-bound above ~30)
+#   --rate MBIT   every leaf-spine link, each way (default 5: the guests are
+#                 emulated on two host cores, and at 20 the jobs placed
+#                 apart moved only two thirds of what the spines carry)
 #   --duration S  seconds per run (default 30)
 #   --tries N     runs without libshunt until one collides (default 4)
 #   --paths N     shadow paths per bundle (default 8)
 #   --same-hosts  both jobs on the same two hosts (h1<->h2, one per leaf),
 #                 as separate processes: half the guests, so on a small
 #                 machine the spines rather than the guests' CPUs limit
-#   --window N    messages in flight per rank (default 4: with fewer, a
-#                 split message's tail, which waits for all its segments,
-#                 leaves the spines idle between messages; with more, the
-#                 spines' queues overflow and rxe's recovery from drops
-#                 stalls whole bundles)
+#   --warmup N    untimed iterations per run first (shunt-bench -w,
+#                 default 4; each iteration is one message per peer each
+#                 way, and the next waits for it)
 #   --modes M     which runs with libshunt (default "static latency queue")
 #   --out DIR     JSON, stats, events and the plot (default ./scenario-contention)
 #   --keep        leave the fabric up afterwards
@@ -35,14 +34,14 @@
 # Exit: 0 when every run was carried out, 2 when the fabric or a run failed,
 # 77 when no fabric can be built here.
 set -u
-rate=20 duration=30 tries=4 paths=8 window=4 same=0 modes="static latency queue" out= keep=0
+rate=5 duration=30 tries=4 paths=8 warmup=4 same=0 modes="static latency queue" out= keep=0
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift ;;
     --duration) duration=$2; shift ;;
     --tries) tries=$2; shift ;;
     --paths) paths=$2; shift ;;
-    --window) window=$2; shift ;;
+    --warmup) warmup=$2; shift ;;
     --same-hosts) same=1 ;;
     --modes) modes=$2; shift ;;
     --out) out=$2; shift ;;
@@ -114,7 +113,7 @@ job() {
       SHUNT_STATS_FILE=/tmp/contention-$tag.json SHUNT_EVENT_LOG=/tmp/contention-events-$tag.jsonl) ;;
   esac
   local args=(--world 2 --bootstrap "${addr[$a]}:$port" --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K
-    --duration "$duration" -w "$window" -c 1 --seg 256K --qp-timeout 19 --stall-timeout 60 -q --timeline 500)
+    --duration "$duration" -w "$warmup" -c 1 --seg 256K --qp-timeout 19 --stall-timeout 60 -q --timeline 500)
   fab exec "$b" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 1 "${args[@]}" >"$out/$mode.$tag.rank1.out" 2>&1 &
   local p=$!
   fab exec "$a" -- timeout $((duration + 120)) "${env[@]}" "$bench" --rank 0 "${args[@]}" \
