@@ -296,6 +296,7 @@ struct Bundle {
   bool all_stalled = false;
   uint64_t all_stalled_count = 0;
   int64_t last_steer_ns = 0, last_steer_event_ms = 0;
+  int64_t hops_until_ms = 0;  // the answering side: until when it waits for path discovery (0: not yet asked)
   std::deque<SplitGroup> groups;  // splits whose tails wait, oldest first
   uint64_t group_ids = 0;
   std::vector<Path> paths;
@@ -872,33 +873,53 @@ void start_steering(Bundle* b) {
 
 // Discovery's answers for (local, peer) from the host agent, which sends
 // one round of datagrams for all bundles of the host to that peer (see
-// HopCache). False without an agent that answers; then the bundle sends its
-// own.
-bool shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms,
-                 std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
+// HopCache): 1 with them, 0 without an agent that answers (then a bundle
+// sends its own), -1 while the agent's round is out and `once` (else it
+// asks again until the round ends).
+int shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms, bool once,
+                std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
   const std::string sock = agent::socket_path();
-  if (sock.empty()) return false;
+  if (sock.empty()) return 0;
   const int64_t deadline = mono_ms() + wait_ms + 1000;
   std::string err;
   for (;;) {
     auto r = peer::request(sock,
                            {{"cmd", "route-hops"}, {"local", local}, {"peer", peer}, {"candidates", candidates},
                             {"wait_ms", wait_ms}},
-                           1000, &err);
+                           once ? 300 : 1000, &err);
     if (!r || r->contains("error")) {
       log::once(LogLevel::info, "route-hops",
                 "path discovery: the host agent does not answer (" + (r ? r->value("error", std::string("?")) : err) +
                     "); each bundle sends its own datagrams");
-      return false;
+      return 0;
     }
     if (r->contains("ports") && r->contains("hops")) {
       *ports = (*r)["ports"].get<std::vector<uint16_t>>();
       *hops = (*r)["hops"].get<std::vector<std::string>>();
-      return ports->size() == hops->size();
+      return ports->size() == hops->size() ? 1 : 0;
     }
-    if (mono_ms() >= deadline) return false;
+    if (once) return -1;
+    if (mono_ms() >= deadline) return 0;
     usleep(10 * 1000);  // pending: another bundle's datagrams (or ours) are out
   }
+}
+
+// From discovery's answers, `want` ports balanced over the routers that
+// answered, never `prim` (the application QP's): (flow label, router) each,
+// and "router xN, ..." in *spread. Empty when no router answered.
+std::vector<std::pair<uint32_t, std::string>> pick_ports(std::vector<uint16_t> ports, std::vector<std::string> hops,
+                                                         int want, uint32_t prim, std::string* spread) {
+  for (size_t i = ports.size(); i-- > 0;)  // never the application QP's own port
+    if (ports[i] == prim) ports.erase(ports.begin() + i), hops.erase(hops.begin() + i);
+  std::vector<int> pick = balanced_pick(hops, want);
+  std::map<std::string, int> seen;
+  for (int k : pick) seen[hops[k]]++;
+  spread->clear();
+  for (const auto& [h, n] : seen) *spread += (spread->empty() ? "" : ", ") + (h.empty() ? "unknown" : h) + " x" + std::to_string(n);
+  std::vector<std::pair<uint32_t, std::string>> out;
+  if (seen.size() < 2 && seen.count("")) return out;
+  for (int k : pick) out.emplace_back(ports[k] & 0x3fffu, hops[k]);  // the label whose port it is (sport_of)
+  return out;
 }
 
 // SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
@@ -930,28 +951,21 @@ void spread_over_routers(Bundle* b) {
     const int want = 3 * static_cast<int>(j.paths.size());
     std::vector<uint16_t> ports;
     std::vector<std::string> hops;
-    if (!shared_hops(j.lip, j.rip, want, wait_ms, &ports, &hops)) {  // no host agent: this bundle's own candidates
+    if (shared_hops(j.lip, j.rip, want, wait_ms, false, &ports, &hops) != 1) {  // no host agent: this bundle's own candidates
       ports = candidate_ports(j.lip, j.rip, want, seed);
       hops = hops_of_ports(j.lip, j.rip, ports, 2, wait_ms);
     }
-    for (size_t i = ports.size(); i-- > 0;)  // never the application QP's own port
-      if (ports[i] == prim) ports.erase(ports.begin() + i), hops.erase(hops.begin() + i);
-    std::vector<int> pick = balanced_pick(hops, static_cast<int>(j.paths.size()));
-    std::map<std::string, int> seen;
-    for (int k : pick) seen[hops[k]]++;
     std::string spread;
-    for (const auto& [h, n] : seen) spread += (spread.empty() ? "" : ", ") + (h.empty() ? "unknown" : h) + " x" + std::to_string(n);
+    auto placed = pick_ports(std::move(ports), std::move(hops), static_cast<int>(j.paths.size()), prim, &spread);
     std::lock_guard g(b->mu);
     if (b->dead) return;
-    if (seen.size() < 2 && seen.count("")) {
+    if (placed.empty()) {
       log::info("{} QP {}: rail {}: no router answered for its ports; the hash places them", b->ctx->device,
                 b->pqp->qp_num, j.rail);
       continue;
     }
-    for (size_t k = 0; k < pick.size() && k < j.paths.size(); k++) {
-      b->paths[j.paths[k]].flow_label = ports[pick[k]] & 0x3fffu;  // the label whose port it is (sport_of)
-      b->paths[j.paths[k]].router = hops[pick[k]];
-    }
+    for (size_t k = 0; k < placed.size() && k < j.paths.size(); k++)
+      b->paths[j.paths[k]].flow_label = placed[k].first, b->paths[j.paths[k]].router = placed[k].second;
     log::info("{} QP {}: rail {}: {} shadows over {}", b->ctx->device, b->pqp->qp_num, j.rail, j.paths.size(), spread);
   }
 }
@@ -1130,6 +1144,35 @@ json answer_join(const json& req) {
   const bool rails = rails_wanted(b);
   int own = 0;
   std::string err;
+  // This side's shadows on its own rail take ports from path discovery too
+  // (the host agent's round towards the peer), so what this side sends
+  // spreads over the routers as the deciding side's data does; left to the
+  // hash, 8 ports land 6:2 or worse about half the time. While the round is
+  // out the deciding side is asked to come again (it does every 100 ms), for
+  // at most SHUNT_PATH_DISCOVERY_MS + 1 s; then the hash places them.
+  std::vector<std::pair<uint32_t, std::string>> placed;
+  {
+    int want = 0;
+    for (const Half& h : remote) want += !h.none && !h.rail;
+    want = std::min(want, n);
+    const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
+    std::string lip, rip;
+    if (wait_ms > 0 && want >= 2 && !b->rails.empty() && gid_v4(b->rails[0].lgid, &lip) &&
+        gid_v4(b->rails[0].rgid, &rip)) {
+      std::vector<uint16_t> ports;
+      std::vector<std::string> hops;
+      const int got = shared_hops(lip, rip, 3 * want, wait_ms, true, &ports, &hops);
+      if (got < 0) {
+        if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + wait_ms + 1000;
+        if (mono_ms() < b->hops_until_ms) return {{"retry", "finding paths"}};
+      } else if (got > 0) {
+        std::string spread;
+        placed = pick_ports(std::move(ports), std::move(hops), want, sport_of(flow_label_for(label_seed(b), -1)), &spread);
+        if (!placed.empty())
+          log::info("{} QP {}: rail 0: {} shadows over {} (the peer's bundle)", b->ctx->device, b->pqp->qp_num, want, spread);
+      }
+    }
+  }
   json mine = json::array();
   for (const Half& h : remote) {
     int rail = h.none ? -1 : h.rail ? (rails ? rail_for_half(b, h.gid, &err) : -1) : own < n ? 0 : -1;
@@ -1140,6 +1183,7 @@ json answer_join(const json& req) {
     Path& p = b->paths.back();
     p.remote_qpn = h.qpn;
     p.remote_psn = h.psn;
+    if (!rail && own < static_cast<int>(placed.size())) p.flow_label = placed[own].first, p.router = placed[own].second;
     if (!connect_shadow(b, p, &err)) {
       ibv_destroy_qp(p.qp);
       b->paths.pop_back();

@@ -3,11 +3,13 @@
 # Path discovery (SHUNT_PATH_DISCOVERY_MS) on soft-RoCE guests: 2 hosts on
 # their own leaves, 2 spines hashing the 5-tuple. A split job with 8
 # shadows per QP (-c 1):
-# - each shadow's port was answered for by one of exactly two routers (the
-#   spines, 2 hops out), 4 shadows each;
+# - at both ends (the side that sets the bundle up and the side that
+#   answers it, whose shadows carry its own data), each shadow's port was
+#   answered for by one of exactly two routers (the spines, 2 hops out),
+#   4 shadows each;
 # - the fabric agrees: an nft set on s1 records the source ports of the
-#   RoCE packets it really forwarded, and the shadows one router answered
-#   for all crossed s1, the other router's none of them;
+#   RoCE packets it really forwarded, and each end's shadows one router
+#   answered for all crossed s1, the other router's none of them;
 # - two jobs started at once on the same hosts are both placed 4:4, on the
 #   same ports (the host agent sends one round of datagrams for both);
 # - the same job with SHUNT_PATH_DISCOVERY_MS=0 is shown for comparison
@@ -50,10 +52,16 @@ job() { job_start "$@"; job_wait "$1"; }
 
 note "discovery on (the default)"
 job on 29931
+fab exec h2 -- cat /tmp/on1.json > "$TMP/on-h2.json" || fail "no stats of h2"
 grep "shadows over" "$TMP/on0.out" || { cat "$TMP/on0.out"; fail "no discovery line"; }
-on_s1=$(sport_seen s1 roce | tr ' ' '\n' | sed -n "s/^$a1://p" | sort -n | tr '\n' ' ')
-echo "h1's ports seen on s1: $on_s1"
-python3 - "$TMP/on.json" "$on_s1" <<'EOF' || fail "discovery"
+grep "shadows over" "$TMP/on1.out" || { cat "$TMP/on1.out"; fail "no discovery line at the answering end"; }
+# placed END STATS: END's shadows 4:4 over two routers, as the fabric saw them
+placed() {
+  local a on_s1
+  a=$(fab addr "$1" r0)
+  on_s1=$(sport_seen s1 roce | tr ' ' '\n' | sed -n "s/^$a://p" | sort -n | tr '\n' ' ')
+  echo "$1's ports seen on s1: $on_s1"
+  python3 - "$2" "$on_s1" <<'PY' || fail "discovery at $1"
 import json, sys
 on_s1 = {int(p) for p in sys.argv[2].split()}
 b = next(q["bundle"] for q in json.load(open(sys.argv[1]))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
@@ -71,7 +79,10 @@ for r, ports in routers.items():
     seen = {p in on_s1 for p in ports}
     assert len(seen) == 1, "router %s's shadows crossed both spines" % r
 assert len({all(p in on_s1 for p in v) for v in routers.values()}) == 2, "both routers' shadows on one spine"
-EOF
+PY
+}
+placed h1 "$TMP/on.json"
+placed h2 "$TMP/on-h2.json"
 
 note "two jobs at once on the same hosts: the host agent's one round of datagrams serves both"
 # Routers answer a burst of about 6 ICMP messages per destination host: two
