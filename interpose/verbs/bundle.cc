@@ -1722,6 +1722,11 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
     if (usable(b->paths[i]) && fits(b, static_cast<int>(i), w)) on[k++] = static_cast<int>(i);
   k = static_cast<int>(std::min<uint64_t>(k, (len - kSplitTail) / kMinSegment));
   if (k < 2) return false;
+  // Each split starts on the next path: the device sends the segments in
+  // the order they were posted, so the first path's segment is out first
+  // and completes first whatever its share. Always from path 0, latency
+  // steering took that for a fast path and grew its share to the bound.
+  std::rotate(on, on + static_cast<int>(b->group_ids % static_cast<uint64_t>(k)), on + k);
   // Each path's share of the head follows how long its segments take to
   // complete against the others' (mostly the queue they wait in): a path
   // through a busier spine gets less, one through an idle spine more, until

@@ -703,6 +703,27 @@ TEST(Bundle, ASplitSegmentOnAFailedPathGoesAgainBeforeTheTail) {
   EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
 }
 
+// Each split starts on the next shadow: the device sends segments in the
+// order they were posted, so a path always first would always complete
+// first, and latency steering would take it for the fast one.
+TEST(Bundle, EachSplitStartsOnTheNextShadow) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[128 * 1024];
+  std::vector<uint32_t> first;
+  for (uint64_t i = 0; i < 3; i++) {
+    const size_t from = g_posted.size();
+    ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE_WITH_IMM, i + 1, buf, sizeof buf, 0x100000 * (i + 1)), 0);
+    ASSERT_EQ(g_posted.size(), from + 3);
+    first.push_back(g_posted[from].qpn);
+    uint64_t covered = 0;
+    for (size_t k = from; k < from + 3; k++) covered += g_posted[k].bytes;
+    EXPECT_EQ(covered, sizeof buf - 4096);  // still the whole head, whichever path starts
+  }
+  std::sort(first.begin(), first.end());
+  EXPECT_EQ(std::unique(first.begin(), first.end()) - first.begin(), 3);  // each shadow started one
+}
+
 // The next large WRITE need not wait for the last one's tail: its segments
 // go at once (each path keeps its order), its tail queues behind the first
 // one's; a WRITE into the range an unfinished split still writes waits.
