@@ -45,6 +45,7 @@
 namespace shunt::verbs {
 
 std::atomic<int> g_shadow_qps{0};
+std::atomic<uint64_t> g_stale_wcs{0};
 
 namespace {
 using nlohmann::json;
@@ -529,7 +530,7 @@ void destroy_shadows(Bundle* b, bool keep) {
   for (auto& p : b->paths) {
     if (!p.qp) continue;
     if (p.rec) g_shadow_qps.fetch_sub(1);
-    untrack_qp(p.qp);
+    retire_qp(p.qp);
     ibv_destroy_qp(p.qp);
     p.qp = nullptr;
   }
@@ -3276,6 +3277,10 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       continue;
     }
     Bundle* b = r ? (r->shadow_of ? r->shadow_of : r->bundle.load(std::memory_order_acquire)) : nullptr;
+    if (!r && g_retired_any.load(std::memory_order_relaxed) && is_retired(c, wc[i].qp_num)) {
+      g_stale_wcs.fetch_add(1, std::memory_order_relaxed);  // left behind by a destroyed shadow
+      continue;
+    }
     if (!b) {
       if (out != i) wc[out] = wc[i];
       out++;
@@ -3562,9 +3567,9 @@ void bundle_detach_for_test(QpRecord* r) {
     b->dead = true;
     b->active.store(false);
     b->tracking.store(false);
-    for (auto& p : b->paths) {
+    for (auto& p : b->paths) {  // as destroy_shadows leaves them
       if (p.rec) g_shadow_qps.fetch_sub(1);
-      untrack_qp(p.qp);
+      retire_qp(p.qp);
     }
     g_shadow_qps.fetch_sub(1);
     r->bundle.store(nullptr);

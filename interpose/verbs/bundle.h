@@ -55,6 +55,9 @@ int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, i
 // How many bundled and shadow QPs exist: the poll path looks for them only
 // when some do.
 extern std::atomic<int> g_shadow_qps;
+// Completions of destroyed shadows that the poll path dropped (registry.h,
+// retire_qp).
+extern std::atomic<uint64_t> g_stale_wcs;
 // Completions shunt owes the application (WRs the peer executed on a path
 // that failed before their completion came): ibv_poll_cq returns them first.
 extern std::atomic<int> g_stash_n;

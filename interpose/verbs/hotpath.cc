@@ -113,7 +113,8 @@ int poll_body(ContextRecord* c, ibv_cq* cq, int n, ibv_wc* wc, bool owed_first) 
   if (owed < n) {
     got = c->orig.poll_cq(cq, n - owed, wc + owed);
     if (got < 0) return owed ? owed : got;
-    if (got > 0 && g_shadow_qps.load(std::memory_order_relaxed) > 0) got = bundle_filter(c, wc + owed, got);
+    if (got > 0 && (g_shadow_qps.load(std::memory_order_relaxed) > 0 || g_retired_any.load(std::memory_order_relaxed)))
+      got = bundle_filter(c, wc + owed, got);
     // The bundles' paths on other NICs: their CQs are polled at every call
     // while completions are expected there, else at every 16th (an empty
     // poll of a second CQ at every call cost soft-RoCE jobs ~7%).

@@ -18,6 +18,7 @@ std::mutex g_mu;  // control path: context slots, record list
 std::deque<QpRecord>* g_records = nullptr;  // stable addresses, never shrinks
 PtrTable<QpRecord> g_by_ptr;
 PtrTable<QpRecord> g_by_num;
+PtrTable<QpRecord> g_retired;  // numbers of shunt's destroyed QPs
 constexpr size_t kMaxRecords = 1 << 16;
 
 struct ForkSafety {  // the child must not inherit g_mu held by another thread
@@ -154,6 +155,7 @@ QpRecord* track_qp(ibv_qp* qp, bool extended) {
   r->ctx = c;
   r->extended = extended;
   memcpy(r->device, c->device, sizeof r->device);
+  if (g_retired_any.load(std::memory_order_relaxed)) g_retired.erase(num_key(c, r->qpn));  // the number is taken again
   if (!g_by_ptr.insert(reinterpret_cast<uint64_t>(qp), r) || !g_by_num.insert(num_key(c, r->qpn), r)) {
     g_by_ptr.erase(reinterpret_cast<uint64_t>(qp));
     r->destroyed.store(true);
@@ -175,6 +177,16 @@ void untrack_qp(ibv_qp* qp) {
   g_by_num.erase(num_key(r->ctx, r->qpn));
   r->destroyed.store(true);
 }
+
+std::atomic<bool> g_retired_any{false};
+
+void retire_qp(ibv_qp* qp) {
+  QpRecord* r = find_qp(qp);
+  if (r && g_retired.insert(num_key(r->ctx, r->qpn), r)) g_retired_any.store(true);
+  untrack_qp(qp);
+}
+
+bool is_retired(const ContextRecord* c, uint32_t qpn) { return g_retired.find(num_key(c, qpn)) != nullptr; }
 
 void retrack_qp(ibv_qp* qp) {
   std::lock_guard lk(g_mu);

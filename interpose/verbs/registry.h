@@ -71,6 +71,15 @@ void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr = null
 
 QpRecord* track_qp(ibv_qp* qp, bool extended);
 void untrack_qp(ibv_qp* qp);      // before the real destroy
+// Shunt's own QP (a shadow) before its real destroy: untracked, and its
+// number remembered, because a provider that leaves a destroyed QP's
+// completions in a shared CQ (rxe does; mlx5 cleans them out) would hand
+// them to the application, whose wr_id they do not carry. Remembered until
+// a new QP takes the number.
+void retire_qp(ibv_qp* qp);
+bool is_retired(const ContextRecord* c, uint32_t qpn);
+// True once a QP was retired: the poll path then filters every batch.
+extern std::atomic<bool> g_retired_any;
 void retrack_qp(ibv_qp* qp);      // the real destroy failed
 QpRecord* find_qp(const ibv_qp* qp);
 // Moves on every QP destroy; lets the hot path cache lookups safely.

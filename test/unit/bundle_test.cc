@@ -222,6 +222,39 @@ TEST(Bundle, CompletionsOfOtherQpsPassUntouchedInOneBatch) {
   EXPECT_EQ(g_posted.back().qpn, 500u);
 }
 
+// rxe leaves a destroyed QP's completions in its CQ: those of shunt's
+// shadows carry shunt's wr_ids, which the application would take for its own
+// (libfabric takes them for pointers). Until a new QP takes the number.
+TEST(Bundle, CompletionsADestroyedShadowLeftInTheCqNeverReachTheApplication) {
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1), 0);
+  uint32_t shadow = g_posted[0].qpn;
+  ASSERT_NE(shadow, 500u);
+  uint64_t stale = g_stale_wcs.load();
+  bundle_detach_for_test(r.rec);  // the application destroys its QP, shunt its shadows
+  complete(shadow, 0xdead);
+  complete(500, 5, IBV_WC_RECV);
+  ibv_wc flushed{};
+  flushed.qp_num = shadow == 501 ? 502 : 501;  // another destroyed shadow, with an error
+  flushed.status = IBV_WC_WR_FLUSH_ERR;
+  g_cq.push_back(flushed);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  EXPECT_EQ(g_stale_wcs.load() - stale, 2u);
+  ibv_qp fresh{};  // a QP created later with the same number is the application's
+  fresh.context = r.ctx;
+  fresh.qp_num = shadow;
+  fresh.qp_type = IBV_QPT_RC;
+  fresh.send_cq = fresh.recv_cq = &r.cq;
+  ASSERT_NE(track_qp(&fresh, false), nullptr);
+  complete(shadow, 77);
+  wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 77u);
+  untrack_qp(&fresh);
+}
+
 TEST(Bundle, FlowletAvoidsAPathWhoseFlowletsDrainSlowly) {
   Rig r;
   char buf[4096];
