@@ -257,7 +257,11 @@ void OffsetEstimator::refit() {
   d_ref_ = fit[best].half_gap;
   young_extra_ = std::max(0.0, fit.back().half_gap - d_ref_);
   m.bound_ns = p_.bound_floor_ns + 3 * rms_ + young_extra_;
+  // The fitted line is surest at the windows' centre; the offset at t_ref
+  // lies |tm| past it, where the slope's uncertainty adds to the bound (a
+  // young fit over two seconds of windows was seen past its bound without).
   double sigma_b = stt > 0 ? rms_ / std::sqrt(stt) : 1e-6;
+  m.bound_ns += 3 * sigma_b * std::fabs(tm);
   m.bound_rate = 3 * sigma_b + p_.wander_rate;
   m.half_rtt_ns = fit.back().half_gap;
   m.windows = uint32_t(absr.size());

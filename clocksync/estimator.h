@@ -16,8 +16,9 @@
 // Error bound: the spread of the per-window estimates around the fitted line
 // (a window with both directions' minima gives theta_k = (m_f - m_r) / 2)
 // says how well-defined the envelope is; the bound is a floor plus 3 robust sigma
-// (window errors on real hosts share causes and do not average out), growing in holdover with
-// the drift uncertainty and an allowance for oscillator wander.
+// (window errors on real hosts share causes and do not average out), plus the
+// drift uncertainty carried from the windows' centre to the newest, growing in
+// holdover with that drift uncertainty and an allowance for oscillator wander.
 // Steps: a clean sample well *below* the envelope in either direction cannot
 // come from queueing, which only adds delay. Every sample is checked as it
 // arrives (not per window: the feed often lacks one direction for a window),
