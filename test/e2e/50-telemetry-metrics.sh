@@ -67,8 +67,13 @@ LD_PRELOAD=$LIB "$B/test/tcp_pair" server "$port" & srv=$!
 LD_PRELOAD=$LIB "$B/test/tcp_pair" client "$port" & cli=$!
 wait $cli || fail "client failed"
 wait $srv || fail "server failed"
-sleep 0.5
-scrape > "$TMP/m2"
+# Their final reports reach the agent as they exit: wait for both (a loaded
+# host took over 0.5 s), bounded.
+for i in $(seq 50); do
+  sleep 0.2
+  scrape > "$TMP/m2" || continue
+  [ "$(metric shunt_processes 'state="exited"' "$TMP/m2")" = 6 ] && break
+done
 promtool check metrics < "$TMP/m2" || fail "promtool rejects the scrape after traffic"
 expect_eq "$(metric shunt_socket_tx_bytes_total "pid=\"$cli\",role=\"client\",job=\"job-50\"" "$TMP/m2")" 12000 "client tx bytes"
 expect_eq "$(metric shunt_socket_rx_bytes_total "pid=\"$cli\",role=\"client\"" "$TMP/m2")" 12000 "client rx bytes"
