@@ -3430,6 +3430,8 @@ json bundle_json(const QpRecord& r) {
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
           {"held", b->held_total},
+          {"held_now", b->held.size()},
+          {"splits_open", b->groups.size()},
           {"to_primary", b->to_primary},
           {"carrier", b->carrier},
           {"primary_down", b->prim.down},

@@ -53,6 +53,22 @@ echo "WRITEs on shadow QPs: $shadow of 1500"
 [ "$(py wbw-cli 'print(len([q for q in d["verbs"]["qps"] if q.get("shadow_of") == rc[0]["qpn"]]))')" = 4 ] ||
   fail "not 4 shadow QPs behind the application's QP"
 
+# a2a_failed NAME N PID...: every rank's output and bundles, once the others
+# ended too (their own stall timeout bounds that)
+a2a_failed() {
+  local name=$1 n=$2 r; shift 2
+  wait "$@"
+  for ((r = 0; r < n; r++)); do
+    echo "=== rank $r"
+    cat "$TMP/$name-$r.out"
+    fab exec "h$((r + 1))" -- cat "/tmp/$name-$r.json" > "$TMP/$name-$r.json" 2>/dev/null &&
+      py "$name-$r" '[print("QP", q["qpn"], b.get("state"), "held now", b.get("held_now"), "splits open",
+          b.get("splits_open"), "messages sent", b.get("messages_sent"), "received", b.get("messages_received"),
+          "primary in flight", b.get("primary", {}).get("in_flight"), "paths (wrs, in flight, down)",
+          [(p["wrs"], p["in_flight"], p["down"]) for p in b.get("paths", [])]) for q in rc for b in [q.get("bundle", {})]]'
+  done
+}
+
 # a2a NAME VERB PATHS [N]: shunt-bench alltoall over hosts h1..hN, -c 1
 a2a() {
   local name=$1 verb=$2 paths=$3 n=${4:-2}
@@ -66,7 +82,7 @@ a2a() {
     pids+=($!)
   done
   run "$name-0" h1 SHUNT_PATHS_PER_RAIL="$paths" ${A2A_ENV:-} "$BENCH" --rank 0 "${args[@]}" \
-    > "$TMP/$name-0.out" 2>&1 || { cat "$TMP/$name-0.out"; fail "shunt-bench $verb failed"; }
+    > "$TMP/$name-0.out" 2>&1 || { a2a_failed "$name" "$n" "${pids[@]}"; fail "shunt-bench $verb failed"; }
   for ((r = 1; r < n; r++)); do
     wait "${pids[r - 1]}" || { cat "$TMP/$name-$r.out"; fail "shunt-bench rank $r failed"; }
   done
