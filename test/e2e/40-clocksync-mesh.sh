@@ -9,7 +9,9 @@
 # host must declare that path dead within 3 probe intervals. An estimate is
 # invalid for a moment while a suspected step awaits confirmation: the check
 # takes the newest valid one of the last second where the final snapshot is
-# invalid, and fails any pair valid less than half the time (pairs of two
+# invalid (unless that one is off beyond its bound: host 3 stepped while the
+# pair h3-h4, down to one queued rail, had no samples; the estimator withdrew
+# it), and fails any pair valid less than half the time (pairs of two
 # stepping hosts were valid 79-94% of the time).
 set -u
 cd "$(dirname "$0")/../.."
