@@ -1843,8 +1843,14 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
     int target = route(b, c, w);
     if (target == kWait) return;
     if (h.group) forget_group(b, h.group), h.group = 0;
-    if (int rc = post_on(b, c, target, &h, w))
-      log::error("{} QP {}: a held WR could not be posted ({}); it is lost", c->device, b->pqp->qp_num, strerror(rc));
+    if (int rc = post_on(b, c, target, &h, w)) {
+      // Its post returned 0 long ago: the application learns of it as it
+      // would of a WR its device failed, by an error completion, not by a
+      // wait that never ends.
+      log::error("{} QP {}: a held WR could not be posted ({}); the application gets an error completion",
+                 c->device, b->pqp->qp_num, strerror(rc));
+      owe(b, h, IBV_WC_LOC_QP_OP_ERR);
+    }
     b->held.pop_front();
   }
 }

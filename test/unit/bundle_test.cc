@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
+#include <errno.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,7 +35,13 @@ struct Posted {
 std::vector<Posted> g_posted;
 std::deque<ibv_wc> g_cq;  // what the fake device will return from poll
 
-int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
+uint32_t g_refuse_qpn = 0;  // the next post to this QP fails (once)
+int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  if (g_refuse_qpn && qp->qp_num == g_refuse_qpn) {
+    g_refuse_qpn = 0;
+    *bad = wr;
+    return ENOMEM;
+  }
   for (; wr; wr = wr->next) {
     Posted p{qp->qp_num, wr->opcode, wr->send_flags, wr->wr_id, 0, {}};
     if (wr->num_sge) p.laddr = wr->sg_list[0].addr;
@@ -182,6 +189,29 @@ TEST(Bundle, ASendAfterAnUnsignaledWriteWaitsBehindAFenceTheApplicationNeverSees
   EXPECT_EQ(g_posted[2].inline_data, "hello");
   EXPECT_GE(g_posted[3].qpn, 501u);
   EXPECT_EQ(g_posted[3].wr_id, 12u);
+}
+
+// A held WR whose post fails when its turn comes (the application's post
+// returned 0 long before): the application gets an error completion for it,
+// never a wait without end.
+TEST(Bundle, AHeldWrThatCannotBePostedCompletesInErrorForTheApplication) {
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 20), 0);
+  uint32_t shadow = g_posted[0].qpn;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 21), 0);  // waits for the shadow
+  ASSERT_EQ(g_posted.size(), 1u);
+  g_refuse_qpn = 500;
+  complete(shadow, 20);
+  auto wc = r.poll();  // the WRITE's own completion
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 20u);
+  EXPECT_EQ(g_posted.size(), 1u);  // the WRITE_WITH_IMM was refused
+  wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 21u);
+  EXPECT_EQ(wc[0].status, IBV_WC_LOC_QP_OP_ERR);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  EXPECT_TRUE(r.poll().empty());
 }
 
 TEST(Bundle, FlowletMovesToTheNextShadowOnlyWhenTheCurrentOneDrained) {
