@@ -879,30 +879,7 @@ void start_steering(Bundle* b) {
 // asks again until the round ends).
 int shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms, bool once,
                 std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
-  const std::string sock = agent::socket_path();
-  if (sock.empty()) return 0;
-  const int64_t deadline = mono_ms() + wait_ms + 1000;
-  std::string err;
-  for (;;) {
-    auto r = peer::request(sock,
-                           {{"cmd", "route-hops"}, {"local", local}, {"peer", peer}, {"candidates", candidates},
-                            {"wait_ms", wait_ms}},
-                           once ? 300 : 1000, &err);
-    if (!r || r->contains("error")) {
-      log::once(LogLevel::info, "route-hops",
-                "path discovery: the host agent does not answer (" + (r ? r->value("error", std::string("?")) : err) +
-                    "); each bundle sends its own datagrams");
-      return 0;
-    }
-    if (r->contains("ports") && r->contains("hops")) {
-      *ports = (*r)["ports"].get<std::vector<uint16_t>>();
-      *hops = (*r)["hops"].get<std::vector<std::string>>();
-      return ports->size() == hops->size() ? 1 : 0;
-    }
-    if (once) return -1;
-    if (mono_ms() >= deadline) return 0;
-    usleep(10 * 1000);  // pending: another bundle's datagrams (or ours) are out
-  }
+  return shared_hops_via(agent::socket_path(), local, peer, candidates, wait_ms, once, ports, hops);
 }
 
 // From discovery's answers, `want` ports balanced over the routers that
@@ -3512,6 +3489,38 @@ json answer(const json& req, const std::string& cmd) {
     return {{"error", std::string("malformed request: ") + e.what()}};
   }
   return {{"error", "unknown command " + cmd}};
+}
+
+// (bundle.h) shared_hops, asking the agent at `sock`.
+int shared_hops_via(const std::string& sock, const std::string& local, const std::string& peer, int candidates,
+                    int wait_ms, bool once, std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
+  if (sock.empty()) return 0;
+  const int64_t deadline = mono_ms() + wait_ms + 1000;
+  std::string err;
+  for (;;) {
+    auto r = peer::request(sock,
+                           {{"cmd", "route-hops"}, {"local", local}, {"peer", peer}, {"candidates", candidates},
+                            {"wait_ms", wait_ms}},
+                           once ? 300 : 1000, &err);
+    // An agent that took the question but not yet answered is slow, not
+    // gone (a guest's agent thread still starting its services took over
+    // 300 ms): once, that is "ask again", which the caller bounds.
+    if (!r && once && err.rfind("no answer", 0) == 0) return -1;
+    if (!r || r->contains("error")) {
+      log::once(LogLevel::info, "route-hops",
+                "path discovery: the host agent does not answer (" + (r ? r->value("error", std::string("?")) : err) +
+                    "); each bundle sends its own datagrams");
+      return 0;
+    }
+    if (r->contains("ports") && r->contains("hops")) {
+      *ports = (*r)["ports"].get<std::vector<uint16_t>>();
+      *hops = (*r)["hops"].get<std::vector<std::string>>();
+      return ports->size() == hops->size() ? 1 : 0;
+    }
+    if (once) return -1;
+    if (mono_ms() >= deadline) return 0;
+    usleep(10 * 1000);  // pending: another bundle's datagrams (or ours) are out
+  }
 }
 
 Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows) {

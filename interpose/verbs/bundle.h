@@ -54,6 +54,13 @@ int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, i
 
 // How many bundled and shadow QPs exist: the poll path looks for them only
 // when some do.
+// Path discovery's ports for (local, peer) from the host agent at `sock`: 1
+// with them, 0 without an agent that answers, -1 while its round is out (or
+// it has not answered yet) and `once`; without `once` it asks until the
+// round ends.
+int shared_hops_via(const std::string& sock, const std::string& local, const std::string& peer, int candidates,
+                    int wait_ms, bool once, std::vector<uint16_t>* ports, std::vector<std::string>* hops);
+
 extern std::atomic<int> g_shadow_qps;
 // Completions of destroyed shadows that the poll path dropped (registry.h,
 // retire_qp).

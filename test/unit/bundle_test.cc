@@ -5,6 +5,8 @@
 #include <infiniband/verbs.h>
 
 #include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -865,6 +867,27 @@ TEST(Bundle, TheApplicationsCqHasRoomForItsShadows) {
 // Path discovery's choice: shadows spread evenly over the routers that
 // answered, in candidate order within each, unknown ports last; with fewer
 // than two routers known, the first candidates as without discovery.
+// The answering end asks the host agent once per join: an agent that took
+// the question and has not answered yet is slow (asked again), not absent.
+TEST(PathDiscovery, ASlowAgentIsAskedAgainAnAbsentOneIsNot) {
+  std::string path = "/tmp/shunt-unit-agent-" + std::to_string(getpid()) + ".sock";
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  unlink(path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 4), 0);  // takes connections, never answers
+  std::vector<uint16_t> ports;
+  std::vector<std::string> hops;
+  EXPECT_EQ(shared_hops_via(path, "10.0.0.1", "10.0.0.2", 8, 100, true, &ports, &hops), -1);
+  close(fd);
+  unlink(path.c_str());
+  EXPECT_EQ(shared_hops_via(path, "10.0.0.1", "10.0.0.2", 8, 100, true, &ports, &hops), 0);
+  EXPECT_TRUE(ports.empty());
+}
+
 TEST(PathDiscovery, PicksPortsBalancedOverTheRoutersThatAnswered) {
   using V = std::vector<int>;
   // 6 of the first 8 candidates hash to s1: the hash alone would give 6:2.
