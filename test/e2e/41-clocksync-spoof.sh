@@ -66,7 +66,9 @@ accepted = c["received"] - dropped
 # dropped: h1 accepts no more probes than h2 really sent it.
 print(f"spoofed {sent}, reached h1 and dropped {dropped} (auth {c['dropped_auth']}, "
       f"malformed {c['dropped_malformed']}); accepted {accepted}, h2 sent {h2['counters']['sent']}")
-ok = dropped >= sent * 0.5 and dropped <= sent and accepted <= h2["counters"]["sent"]
+# And the flood does not crowd out h2's genuine probes (the engine reads as
+# they arrive under a flood, not only when something is due).
+ok = dropped >= sent * 0.5 and dropped <= sent and h2["counters"]["sent"] * 0.85 <= accepted <= h2["counters"]["sent"]
 sys.exit(0 if ok else 1)
 PY
 python3 test/e2e/clocksync_check.py --settle 4 "$OUT"/h1.json "$OUT"/h2.json
