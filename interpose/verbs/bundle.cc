@@ -296,7 +296,6 @@ struct Bundle {
   // for it), and how many times that began.
   bool all_stalled = false;
   uint64_t all_stalled_count = 0;
-  uint64_t probes_lost_spared = 0;  // verdicts of lost probes on a path whose work progressed
   int64_t last_steer_ns = 0, last_steer_event_ms = 0;
   int64_t hops_until_ms = 0;  // the answering side: until when it waits for path discovery (0: not yet asked)
   std::deque<SplitGroup> groups;  // splits whose tails wait, oldest first
@@ -1292,7 +1291,7 @@ bool probe_stats(Bundle* b, ProbeStats* out) {
   return answered;
 }
 
-int fail_silent_paths(Bundle* b, const ProbeStats& stats, int64_t now_ms, bool* spared = nullptr);
+int fail_silent_paths(Bundle* b, const ProbeStats& stats);
 
 // Steering a split bundle (steer.h): from the forward queues the host
 // agent's probes measure on the shadows' source ports, moves shares off
@@ -2517,9 +2516,7 @@ void run_worker(Bundle* b) {
       if (steer_due) next_steer = t + config().num(Param::steer_interval_ms);
       ProbeStats st;
       if (probe_stats(b, &st)) {
-        bool spared = false;
-        if (check_due) fail_silent_paths(b, st, t, &spared);
-        if (spared) ask.unanswered(t);  // again in 100 ms: its progress may stop
+        if (check_due) fail_silent_paths(b, st);
         if (steer_due) steer_tick(b, st);
       } else if (check_due) {
         ask.unanswered(t);
@@ -2727,26 +2724,8 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
 // work in flight: no RC timeout to wait for, and no work is sent into a
 // dead route. Unless no usable path would be left. Returns how many
 // failed. From the failover worker.
-// A busy path whose own work completes is alive whatever its probes say:
-// its completions need the peer's ACKs, so its route delivers both ways.
-// Probes lost behind a queue that drops (the shadows' own traffic filling a
-// receiver's link, a congested spine) failed such paths on the soft-RoCE
-// guests, and the failover and renewal cost more than the loss. Such a
-// path is spared while its work progressed within SHUNT_PATH_DEAD_MS (the
-// stall watch dates the progress, one look every SHUNT_STALL_MS / 8;
-// `done` ahead of the watch's last look is progress since that look), and
-// *spared tells the worker to ask again soon: once the progress stops, the
-// lost probes fail it. A dead route stops the completions with the probes,
-// so no verdict waits for this beyond a look.
-bool progressing(const Path& p, int64_t now_ms) {
-  if (p.posted == p.done) return false;  // idle: the probes are all there is
-  if (p.done != p.watch_done) return true;
-  return p.watch_ms != 0 && now_ms - p.watch_ms < config().num(Param::path_dead_ms);
-}
-
-int fail_silent_paths(Bundle* b, const ProbeStats& stats, int64_t now_ms, bool* spared) {
+int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
   After a;
-  if (spared) *spared = false;
   {
     std::lock_guard m(b->mu);
     if (b->dead || !b->active.load()) return 0;
@@ -2761,16 +2740,8 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats, int64_t now_ms, bool* 
       auto it = path_sport(p) ? stats.find({p.rail, path_sport(p)}) : stats.end();
       bool known = it != stats.end();
       if (known && it->second.value("alive", false)) p.probe_alive = true;
-      const bool is_lost = known && !it->second.value("alive", false) && p.probe_alive;
-      if (is_lost && progressing(p, now_ms)) {
-        b->probes_lost_spared++;
-        if (spared) *spared = true;
-        others |= usable(p);
-      } else if (is_lost) {
-        lost.push_back(pi);
-      } else {
-        others |= usable(p);
-      }
+      if (known && !it->second.value("alive", false) && p.probe_alive) lost.push_back(pi);
+      else others |= usable(p);
     };
     judge(b->prim, kPrimary);
     for (size_t i = 0; i < b->paths.size(); i++) judge(b->paths[i], static_cast<int>(i));
@@ -3441,7 +3412,6 @@ json bundle_json(const QpRecord& r) {
           {"steer_steps", b->steer_steps},
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
-          {"probes_lost_spared", b->probes_lost_spared},
           {"held", b->held_total},
           {"held_now", b->held.size()},
           {"splits_open", b->groups.size()},
@@ -3637,10 +3607,10 @@ int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, 
   return check_stalls(b, now_ms, stall_ms, [=](int) { return retx_ms; });
 }
 
-int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive, int64_t now_ms) {
+int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive) {
   ProbeStats st;
   for (auto [port, up] : alive) st[{0, port}] = json{{"port", port}, {"alive", up}};
-  return fail_silent_paths(r->bundle.load(), st, now_ms < 0 ? mono_ms() : now_ms);
+  return fail_silent_paths(r->bundle.load(), st);
 }
 
 bool bundle_renew_now_for_test(QpRecord* r) { return r->bundle.load()->renew_now.exchange(false); }

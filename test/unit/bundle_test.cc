@@ -561,38 +561,6 @@ TEST(Bundle, AShadowWhoseProbesAreLostFails) {
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[2], true}}), 0);  // unknown ports: no verdict
 }
 
-// A busy shadow whose own work completes is alive whatever its probes say
-// (lost behind a queue that drops, its own traffic's): spared while its
-// work progressed within SHUNT_PATH_DEAD_MS (250 ms), failed by the lost
-// probes once the progress stopped.
-TEST(Bundle, ABusyShadowWhoseWorkCompletesIsNotFailedByLostProbes) {
-  Rig r;
-  const std::vector<uint16_t> port = shadow_ports(r);
-  ASSERT_EQ(port.size(), 3u);
-  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}, 900), 0);
-  bundle_spread_for_test(r.rec, 2, 65536);
-  static char buf[256 * 1024];
-  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, 1, buf, sizeof buf, 0x100000), 0);
-  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, 2, buf, sizeof buf, 0x200000), 0);
-  std::vector<Posted> on1;
-  for (auto& p : g_posted)
-    if (p.qpn == r.sh[1].qp_num) on1.push_back(p);
-  ASSERT_GE(on1.size(), 2u);  // two segments in flight there
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // the watch's first look
-  // One of its segments completes: progress since the watch's look.
-  complete(on1[0].qpn, on1[0].wr_id);
-  r.poll();
-  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}, 1100), 0);
-  // The watch dates that progress at its next look; 100 ms later it is recent.
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1200, 2000, -1), 0);
-  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}, 1300), 0);
-  EXPECT_EQ(bundle_json(*r.rec)["probes_lost_spared"], 2);
-  EXPECT_FALSE(bundle_json(*r.rec)["paths"][1]["down"].get<bool>());
-  // Nothing more completed for 300 ms: the lost probes fail it.
-  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}, 1500), 1);
-  EXPECT_TRUE(bundle_json(*r.rec)["paths"][1]["down"].get<bool>());
-}
-
 // A shadow that failed keeps its port until it is renewed, and that port
 // is still probed: once its probes, lost since, get through again, the
 // route is back and the renewal does not wait out its backoff.
