@@ -3491,7 +3491,8 @@ json answer(const json& req, const std::string& cmd) {
   return {{"error", "unknown command " + cmd}};
 }
 
-// (bundle.h) shared_hops, asking the agent at `sock`.
+// (bundle.h) shared_hops, asking the agent at `sock`. Here, outside the
+// anonymous namespace that shared_hops lives in: tests call it.
 int shared_hops_via(const std::string& sock, const std::string& local, const std::string& peer, int candidates,
                     int wait_ms, bool once, std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
   if (sock.empty()) return 0;

@@ -52,8 +52,6 @@ bool bundle_active(const Bundle* b);
 int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 
-// How many bundled and shadow QPs exist: the poll path looks for them only
-// when some do.
 // Path discovery's ports for (local, peer) from the host agent at `sock`: 1
 // with them, 0 without an agent that answers, -1 while its round is out (or
 // it has not answered yet) and `once`; without `once` it asks until the
@@ -61,6 +59,8 @@ int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, i
 int shared_hops_via(const std::string& sock, const std::string& local, const std::string& peer, int candidates,
                     int wait_ms, bool once, std::vector<uint16_t>* ports, std::vector<std::string>* hops);
 
+// How many bundled and shadow QPs exist: the poll path looks for them only
+// when some do.
 extern std::atomic<int> g_shadow_qps;
 // Completions of destroyed shadows that the poll path dropped (registry.h,
 // retire_qp).

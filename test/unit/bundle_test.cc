@@ -864,9 +864,6 @@ TEST(Bundle, TheApplicationsCqHasRoomForItsShadows) {
   EXPECT_EQ(shadow_cq_depth(1 << 30, 16, 0), INT32_MAX);        // no overflow
 }
 
-// Path discovery's choice: shadows spread evenly over the routers that
-// answered, in candidate order within each, unknown ports last; with fewer
-// than two routers known, the first candidates as without discovery.
 // The answering end asks the host agent once per join: an agent that took
 // the question and has not answered yet is slow (asked again), not absent.
 TEST(PathDiscovery, ASlowAgentIsAskedAgainAnAbsentOneIsNot) {
@@ -888,6 +885,9 @@ TEST(PathDiscovery, ASlowAgentIsAskedAgainAnAbsentOneIsNot) {
   EXPECT_TRUE(ports.empty());
 }
 
+// Path discovery's choice: shadows spread evenly over the routers that
+// answered, in candidate order within each, unknown ports last; with fewer
+// than two routers known, the first candidates as without discovery.
 TEST(PathDiscovery, PicksPortsBalancedOverTheRoutersThatAnswered) {
   using V = std::vector<int>;
   // 6 of the first 8 candidates hash to s1: the hash alone would give 6:2.

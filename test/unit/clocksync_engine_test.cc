@@ -140,7 +140,7 @@ TEST(ClocksyncEngine, AFloodIsReadAsItArrivesAndCrowdsOutNoProbe) {
     int sent = 0;
     auto end = std::chrono::steady_clock::now() + 2s;
     while (std::chrono::steady_clock::now() < end) {
-      for (int k = 0; k < 40; k++) sent += sendto(fd, junk, sizeof junk, 0, (sockaddr*)&to, sizeof to) > 0;
+      for (int k = 0; k < 40; k++) sent += sendto(fd, junk, sizeof junk, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) > 0;
       std::this_thread::sleep_for(10ms);
     }
     close(fd);
