@@ -49,7 +49,14 @@ all_alive() {  # HOST: its 9 own source paths (4 shadows per rail and the applic
 }
 end=$((SECONDS + 60))
 until all_alive h1 && all_alive h2; do
-  [ $SECONDS -lt $end ] || fail "the source paths were not all alive within 60 s: $(cat "$TMP"/early-*.json)"
+  [ $SECONDS -lt $end ] || {
+    for r in 0 1; do echo "rank $r:"; grep -h "clocksync\|shunt warning\|bundle active" "$TMP/rank$r.out" | head -60; done
+    for h in h1 h2; do
+      echo "$h's source paths (peer rail port reflected alive sent received):"
+      jget "$TMP/early-$h.json" "'\\n'.join('  %s %s %s %s %s %s %s' % (pr['peer'], sp['rail'], sp['port'], sp['reflected'], sp['alive'], sp.get('sent'), sp.get('received')) for pr in d['peers'] for sp in pr['source_paths'])" 2>&1
+    done
+    fail "the source paths were not all alive within 60 s"
+  }
   sleep 0.5
 done
 for s in s1 s2; do fab fault blackhole l1r0-$s >/dev/null || fail "blackhole l1r0-$s"; done
