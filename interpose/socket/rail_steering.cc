@@ -42,8 +42,7 @@ struct Rail {
 };
 
 struct State {
-  std::mutex mu;
-  std::condition_variable cv;
+  std::mutex mu;  // held through a tick, netlink round trips included
   bool stopping = false;
   std::thread thread;
   std::vector<Rail> rails;
@@ -53,10 +52,25 @@ struct State {
   bool steering = false;  // endpoints writable
   PathManager pm;
   // The probe engine's path liveness, read every tick; a change pokes the
-  // thread (add_path_listener) so that it ticks at once.
+  // thread (add_path_listener) so that it ticks at once. The poke has a
+  // mutex of its own that nothing holds for longer than a flag's write: the
+  // listener runs on the engine's thread, and while it waited for `mu`
+  // (a tick's endpoint set-up took up to a second on a soft-RoCE guest) the
+  // engine sent no probe to any peer, whose paths to this host then died,
+  // a bundle's application QP among them, for good.
   clocksync::ProbeEngine* engine = nullptr;
-  bool poke = false;
+  std::mutex wake_mu;
+  std::condition_variable wake_cv;
+  bool poke = false;  // under wake_mu
 };
+
+void poke(State& s) {
+  {
+    std::lock_guard w(s.wake_mu);
+    s.poke = true;
+  }
+  s.wake_cv.notify_all();
+}
 State* g = nullptr;
 
 int64_t now_ms() {
@@ -358,8 +372,13 @@ void run(State& s) {
       int64_t due = inband ? std::min(next_assert, next_dump) : next_assert;
       wait = std::clamp<int64_t>(due - now_ms(), kTickMs, kAssertMs);
     }
-    s.cv.wait_for(lk, std::chrono::milliseconds(wait), [&] { return s.poke || s.stopping; });
-    s.poke = false;
+    lk.unlock();
+    {
+      std::unique_lock w(s.wake_mu);
+      s.wake_cv.wait_for(w, std::chrono::milliseconds(wait), [&] { return s.poke; });
+      s.poke = false;
+    }
+    lk.lock();
   }
   for (auto& r : s.rails)
     if (r.backup) set_backup(s, r, false, "");
@@ -379,15 +398,10 @@ void start(const std::function<clocksync::ProbeEngine*()>& engine) {
     if (s->rails.empty() || !s->steering) return;
     s->engine = engine ? engine() : nullptr;
   }
-  // Outside s->mu: the engine calls listeners under its callback lock, and
-  // the listener takes s->mu. The state is never freed, so the listener may
-  // outlive stop().
+  // The listener only pokes (never s->mu: see State). The state is never
+  // freed, so the listener may outlive stop().
   if (s->engine)
-    s->engine->add_path_listener([s](const clocksync::PathEvent&) {
-      std::lock_guard l(s->mu);
-      s->poke = true;
-      s->cv.notify_all();
-    });
+    s->engine->add_path_listener([s](const clocksync::PathEvent&) { poke(*s); });
   std::lock_guard lk(s->mu);
   s->thread = std::thread(run, std::ref(*s));
 }
@@ -398,8 +412,8 @@ void stop() {
   {
     std::lock_guard lk(s->mu);
     s->stopping = true;
-    s->cv.notify_all();
   }
+  poke(*s);
   if (s->thread.joinable()) s->thread.join();
   std::string err;
   {
