@@ -234,6 +234,14 @@ bool ProbeEngine::start(std::string* err) {
     }
   }
   stop_ = false;
+  {
+    std::lock_guard q(evq_mu_);
+    evq_stop_ = false;
+  }
+  notifier_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "shunt-probe-ev");
+    notify_loop();
+  });
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "shunt-probe");
     run();
@@ -245,6 +253,12 @@ void ProbeEngine::stop() {
   stop_ = true;
   wake();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard q(evq_mu_);
+    evq_stop_ = true;  // what is queued is still told
+  }
+  evq_cv_.notify_all();
+  if (notifier_.joinable()) notifier_.join();
   if (shm_) shm_->pub.close(true);
   shm_.reset();
   socks_.clear();
@@ -502,10 +516,30 @@ void ProbeEngine::run() {
       if (shm_ && std::any_of(events.begin(), events.end(), [](const PathEvent& e) { return e.source_id; }))
         shm_->pub.bump_paths_gen();
     }
-    // Outside the lock: a callback may read the engine (report(), path()).
+    // To the notifier thread: a callback may read the engine (report(),
+    // path()) and may be slow; the engine thread must not wait for it.
     if (!events.empty()) {
+      {
+        std::lock_guard q(evq_mu_);
+        evq_.insert(evq_.end(), events.begin(), events.end());
+      }
+      evq_cv_.notify_one();
+      events.clear();
+    }
+  }
+}
+
+void ProbeEngine::notify_loop() {
+  std::unique_lock q(evq_mu_);
+  for (;;) {
+    evq_cv_.wait(q, [&] { return evq_stop_ || !evq_.empty(); });
+    if (evq_.empty()) return;  // stopping, and everything told
+    std::deque<PathEvent> batch;
+    batch.swap(evq_);
+    q.unlock();
+    {
       std::lock_guard cl(cb_mu_);
-      for (auto& e : events) {
+      for (auto& e : batch) {
         if (e.source_id) {
           log::info("clocksync: source path {} ({} rail {} from port {}) is {}", e.source_id, e.peer,
                     e.path, e.port, e.alive ? "alive" : "dead");
@@ -516,8 +550,8 @@ void ProbeEngine::run() {
           for (auto& l : path_listeners_) l(e);
         }
       }
-      events.clear();
     }
+    q.lock();
   }
 }
 

@@ -25,7 +25,9 @@
 // register on_path_change(). stop() (or the destructor) joins the thread.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -153,12 +155,15 @@ class ProbeEngine {
   void add_peer(const PeerSpec& p);
   // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
   void set_probing(bool on);
-  // Called from the engine thread on every liveness change of a rail path;
-  // keep it short.
+  // Called on every liveness change of a rail path, in order, from the
+  // engine's notifier thread, never the thread that probes: a callback that
+  // waits (for a lock another thread holds through netlink round trips, as
+  // the sockets' rail thread did) would stop every probe to every peer, and
+  // a peer declares our paths dead after SHUNT_PATH_DEAD_MS without one.
   void on_path_change(std::function<void(const PathEvent&)> cb);
   // Also tells `cb` of every rail path's liveness change, after the
-  // on_path_change callback (engine thread; keep it short). Never removed:
-  // what it calls must outlive the engine.
+  // on_path_change callback (notifier thread). Never removed: what it calls
+  // must outlive the engine.
   void add_path_listener(std::function<void(const PathEvent&)> cb);
 
   // Adds a source path to `peer` (its current name) on `rail`: probes from
@@ -172,7 +177,8 @@ class ProbeEngine {
   // free again). False if no such id. Not from on_source_path_change.
   bool remove_source_path(int id);
   std::optional<SourcePathStats> source_path(int id) const;
-  // Liveness changes of our source paths (engine thread; keep it short).
+  // Liveness changes of our source paths (notifier thread, in order with
+  // the rail paths').
   void on_source_path_change(std::function<void(const PathEvent&)> cb);
 
   std::vector<PeerReport> report() const;
@@ -225,6 +231,14 @@ class ProbeEngine {
   std::mutex cb_mu_;
   std::atomic<bool> stop_{false}, probing_{true};
   std::thread thread_;
+  // Liveness changes, from the engine thread to the notifier thread, which
+  // logs them and calls the callbacks.
+  std::thread notifier_;
+  std::mutex evq_mu_;
+  std::condition_variable evq_cv_;
+  std::deque<PathEvent> evq_;  // under evq_mu_
+  bool evq_stop_ = false;      // under evq_mu_
+  void notify_loop();
   int wake_fd_ = -1;  // eventfd, the engine's lifetime: add_peer, set_probing, stop end its sleep
   // epoll set of the engine thread, the engine's lifetime: wake_fd_, the
   // rails' sockets (tag: rail index) and own source paths' (kSourceTag | id).

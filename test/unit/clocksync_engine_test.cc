@@ -187,7 +187,11 @@ TEST(ClocksyncEngine, DeclaresDeadPathWithinThreeIntervalsAndWakesForNewPeers) {
     std::this_thread::sleep_for(500ms);
     int64_t cut = a.time().now();
     b.stop();  // the path fails both ways at once
-    for (int i = 0; i < 100 && a.path("b", 0)->alive; i++) std::this_thread::sleep_for(10ms);
+    auto told_dead = [&] {  // the callback runs on the engine's notifier thread, a moment later
+      std::lock_guard lk(mu);
+      return !ev.empty() && !ev.back().alive;
+    };
+    for (int i = 0; i < 100 && (a.path("b", 0)->alive || !told_dead()); i++) std::this_thread::sleep_for(10ms);
     int64_t heard = a.path("b", 0)->last_heard_ns;
     std::lock_guard lk(mu);
     ASSERT_GE(ev.size(), 2u);
@@ -203,6 +207,48 @@ TEST(ClocksyncEngine, DeclaresDeadPathWithinThreeIntervalsAndWakesForNewPeers) {
   });
 }
 
+
+// A listener that takes its time (the sockets' rail thread once made it wait
+// up to a second for a lock held through netlink round trips) delays no
+// probe: callbacks run on the engine's notifier thread. When they ran on the
+// engine thread, the peer heard nothing meanwhile and declared its path dead
+// 250 ms later; in a job that failed a bundle's application QP for good.
+TEST(ClocksyncEngine, ASlowListenerDelaysNoProbe) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    std::atomic<int> calls{0};
+    std::atomic<bool> in_listener{false};
+    p.a.add_path_listener([&](const PathEvent&) {
+      if (calls++ == 0) {  // the first: the path to b is alive
+        in_listener = true;
+        std::this_thread::sleep_for(1200ms);
+        in_listener = false;
+      }
+    });
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    auto end = std::chrono::steady_clock::now() + 3s;
+    while (!in_listener && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(in_listener.load());
+    uint64_t sent0 = p.a.counters().sent;
+    int checks = 0, dead_at_b = 0, dead_at_a = 0;
+    while (in_listener) {
+      auto pb = p.b.path("a", 0), pa = p.a.path("b", 0);
+      dead_at_b += !(pb && pb->alive);
+      dead_at_a += !(pa && pa->alive);
+      checks++;
+      std::this_thread::sleep_for(10ms);
+    }
+    uint64_t sent = p.a.counters().sent - sent0;
+    printf("while a's listener slept: %d checks, b saw a's path dead in %d, a saw b's dead in %d; a sent %llu probes\n",
+           checks, dead_at_b, dead_at_a, (unsigned long long)sent);
+    EXPECT_GE(checks, 50);
+    EXPECT_EQ(dead_at_b, 0);
+    EXPECT_EQ(dead_at_a, 0);
+    EXPECT_GE(sent, 12u);  // a pair every 100 ms for over a second
+    EXPECT_EQ(calls.load(), 1);  // nothing changed meanwhile
+  });
+}
 
 template <typename F>
 bool eventually(F f, std::chrono::milliseconds limit = 4s) {
