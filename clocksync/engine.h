@@ -205,7 +205,8 @@ class ProbeEngine {
   void drain_stamps(ProbeSocket& s, std::vector<Pending>& pend, SourcePath* own, int rail);
   void send_due(int64_t now);
   void send_pair(int peer_idx, const Out& o, int64_t now);
-  void receive(ProbeSocket& s, int rail, SourcePath* own);
+  int receive(ProbeSocket& s, int rail, SourcePath* own);  // -> datagrams read
+  bool defer_receipt(int64_t now) const;
   void handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
   void handle_source(SourcePath& sp, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
   bool path_probe(Peer& p, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx,
@@ -243,6 +244,12 @@ class ProbeEngine {
   // epoll set of the engine thread, the engine's lifetime: wake_fd_, the
   // rails' sockets (tag: rail index) and own source paths' (kSourceTag | id).
   int ep_fd_ = -1;
+  // The thread's sleep set while receipt is deferred (defer_receipt()):
+  // wake_fd_ only, so arriving probes do not end the sleep.
+  int sleep_fd_ = -1;
+  int64_t prompt_until_ = 0;  // receipt is not deferred before this (local time)
+  int64_t rate_since_ = 0;    // datagrams read since then, for their rate
+  uint64_t rate_count_ = 0;
   static constexpr uint64_t kWakeTag = ~0ull;
   static constexpr uint64_t kSourceTag = 1ull << 32;
   void watch(int fd, uint64_t tag);

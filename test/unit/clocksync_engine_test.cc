@@ -96,14 +96,15 @@ TEST(ClocksyncEngine, SleepsUntilSomethingIsDue) {
     if (!p.start()) return;
     ASSERT_TRUE(p.wait_alive());
     std::this_thread::sleep_for(600ms);
-    // Probing one peer on one rail: a pair out and one in every 100 ms, the
-    // stamps collected with the send, two estimator windows a second; the
-    // loop correction rides on those wakeups (35 a second when it had its own).
-    // A 5 ms tick alone was 200 a second.
+    // Probing one peer on one rail: a pair out every 100 ms, the stamps
+    // collected with the send, two estimator windows a second; the loop
+    // correction rides on those wakeups (35 a second when it had its own),
+    // and so does reading the peer's pairs (22-25 a second when each of
+    // them woke the thread). A 5 ms tick alone was 200 a second.
     uint64_t w0 = p.a.counters().wakeups;
     std::this_thread::sleep_for(1s);
     uint64_t probing = p.a.counters().wakeups - w0;
-    EXPECT_LE(probing, 28u);
+    EXPECT_LE(probing, 17u);
     EXPECT_GE(probing, 10u);
     // Holdover (probing off): nothing to send, nothing arriving. It once
     // spun here, polling with a timeout of 0 for a send it would not make.
@@ -119,9 +120,9 @@ TEST(ClocksyncEngine, SleepsUntilSomethingIsDue) {
   });
 }
 
-// The engine reads probes as they arrive: a flood (here 4000 datagrams a
-// second of garbage) read only when something is due would fill the
-// socket's buffer between two reads and crowd out the peer's probes.
+// The engine reads arriving probes only when something is due, unless they
+// come fast: a flood (here 4000 datagrams a second of garbage) would fill
+// the socket's buffer between two reads and crowd out the peer's probes.
 TEST(ClocksyncEngine, AFloodIsReadAsItArrivesAndCrowdsOutNoProbe) {
   SKIP_UNLESS_NETNS([] {
     Pair p;
@@ -152,7 +153,7 @@ TEST(ClocksyncEngine, AFloodIsReadAsItArrivesAndCrowdsOutNoProbe) {
            (unsigned long long)bad, (unsigned long long)wakeups,
            (unsigned long long)(after->received - before->received));
     EXPECT_GE(bad, uint64_t(sent) * 90 / 100);  // the kernel dropped little of it
-    EXPECT_GE(wakeups, 60u);                     // read as it came, not 10-25 times a second
+    EXPECT_GE(wakeups, 60u);                     // read as it came, not 13 times a second
     EXPECT_TRUE(after->alive);
     EXPECT_GE(after->received - before->received, 30u);  // b's pairs: 2 probes x 10 a second
   });
