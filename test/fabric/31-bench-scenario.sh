@@ -74,14 +74,18 @@ grep -q '"event":"cm_disconnected"' "$TMP/wbw/with.events0.jsonl" || fail "ib_wr
 # hangs on both; with it, the verbs traffic moves to the other rail and the
 # TCP connection, opened as MPTCP with a subflow on every rail
 # (SHUNT_SOCKET_RAILS=auto), goes on over rail 1: every round trip is made.
-scenario fi link-down --client fi_pingpong --pings 2000 --duration 10 --fault-at 3 --fault-for 0 --stall 5
+# 5000 round trips: on a fast host 2000 of them (about 1 ms each) were over
+# before the fault came, 3 s after the connection was up. --duration only
+# bounds fi_pingpong's run here (that, --stall and 30 s: 65 s; with libshunt
+# 5000 took 18 s on a host three times as fast as the slowest seen).
+scenario fi link-down --client fi_pingpong --pings 5000 --duration 30 --fault-at 3 --fault-for 0 --stall 5
 python3 - "$TMP/fi" <<'PY' || { tail -n 8 "$TMP/fi/with.client.out" "$TMP/fi/with.server.out"; fail "fi_pingpong scenario results"; }
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/summary.json"))
 wo, w = s["without"], s["with"]
 assert wo["exit status"] != "0", wo
 assert w["exit status"] == "0" and w["errors seen by the app"] == "0", w
-assert w["result"].startswith("2k round trips"), w["result"]  # all 2000 made
+assert w["result"].startswith("5k round trips"), w["result"]  # all 5000 made
 assert w["path down after"] != "-", w
 PY
 echo ok
