@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include "interpose/core/mono.h"
 
@@ -47,6 +48,14 @@ std::string read_offender(int fd, bool* reached) {
 }
 }  // namespace
 
+int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms) {
+  const int64_t cap = start_ms + int64_t{kDiscoveryLateFactor} * wait_ms;
+  if (routers == 0) return start_ms + wait_ms;  // no router out there (a peer on the same switch)
+  if (routers == 1) return cap;
+  const int64_t grace = std::max<int64_t>(20, (last_new_ms - start_ms) / 4);
+  return std::min(cap, std::max(start_ms + wait_ms, last_new_ms + grace));
+}
+
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
                                        const std::vector<uint16_t>& sports, int ttl, int wait_ms) {
   std::vector<std::string> out(sports.size());
@@ -82,13 +91,17 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
     pfd.push_back({fd, 0, 0});  // POLLERR is always reported
     of.push_back(i);
   }
-  const int64_t end = mono_ms() + wait_ms;
+  const int64_t start = mono_ms();
+  std::set<std::string> routers;
+  int64_t last_new = start;
   size_t left = pfd.size();
   while (left > 0) {
     int64_t now = mono_ms();
+    const int64_t end = discovery_deadline(start, wait_ms, static_cast<int>(routers.size()), last_new);
     if (now >= end) break;
     int n = poll(pfd.data(), pfd.size(), static_cast<int>(end - now));
     if (n <= 0) continue;
+    now = mono_ms();
     for (size_t k = 0; k < pfd.size(); k++) {
       if (pfd[k].fd < 0 || !(pfd[k].revents & POLLERR)) continue;
       bool reached = false;
@@ -97,6 +110,7 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
         out[of[k]] = hop;
         pfd[k].fd = -1;  // done with it (poll skips negative fds)
         left--;
+        if (!hop.empty() && routers.insert(hop).second) last_new = now;
       }
     }
   }

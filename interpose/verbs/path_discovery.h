@@ -24,10 +24,26 @@
 namespace shunt::verbs {
 
 // For each source port: the address of the router `ttl` hops out on the way
-// from local_ip to remote_ip:4791, or "" (no answer within wait_ms, the port
-// taken by another socket, or the datagram reached the peer itself).
+// from local_ip to remote_ip:4791, or "" (no answer in time, the port taken
+// by another socket, or the datagram reached the peer itself). It waits
+// until discovery_deadline.
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
                                        const std::vector<uint16_t>& sports, int ttl, int wait_ms);
+
+// How long hops_of_ports waits for answers, started at start_ms, with
+// `routers` distinct routers heard so far, the last new one at last_new_ms:
+// wait_ms; while exactly one router answered, up to kDiscoveryLateFactor
+// times as long (a router's answers queue behind the traffic its links
+// carry: behind a congested spine they come late, and without a second
+// router discovery places nothing); after a router first answers, a
+// quarter of the time it took (at least 20 ms) more for the rest of its
+// burst, never past the cap. None at all by wait_ms: no router is out
+// there (the peer hangs off the same switch), no more waiting. With no
+// congestion every router answers within a millisecond or two and nothing
+// changes; on a fabric with a single router two hops out the first
+// discovery towards a peer waits the whole cap.
+constexpr int kDiscoveryLateFactor = 10;
+int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms);
 
 // `want` indices into hops, spread evenly over the distinct known hops (in
 // candidate order within each), unknown ones last. Fewer than two distinct

@@ -12,6 +12,9 @@
 #   answered for all crossed s1, the other router's none of them;
 # - two jobs started at once on the same hosts are both placed 4:4, on the
 #   same ports (the host agent sends one round of datagrams for both);
+# - with one spine's ICMP to h1's leaf queued (its answers come after
+#   SHUNT_PATH_DISCOVERY_MS), discovery waits on for them, and h1's shadows
+#   are still placed 4:4;
 # - the same job with SHUNT_PATH_DISCOVERY_MS=0 is shown for comparison
 #   (where the hash alone puts its shadows).
 . "$(dirname "$0")/lib.sh"
@@ -105,6 +108,42 @@ for f in sys.argv[1:]:
 assert placed[0] == placed[1], "the two bundles did not share the host's discovered ports"
 print("both bundles: 4 shadows per router, on the same %d ports" % len(placed[0]))
 EOF
+
+note "one spine's answers come late (a queue): discovery waits for them"
+# On s2's link down to h1's leaf, ICMP (and datagrams to port 9) go
+# through a 1 Mbit/s class (htb; other traffic passes as before), kept
+# about half a second deep by datagrams from s2 to h1's port 9 (50 at once,
+# then about the class's rate). s2's answers to discovery's datagrams wait
+# in that queue, past the 100 ms of SHUNT_PATH_DISCOVERY_MS, while s1's
+# come at once: waiting only that long, h1 heard one router and left its
+# shadows to the hash. It waits on (up to ten times as long) for a second
+# router. The queue goes once the bundle is up.
+sx() { ip netns exec "sf-$NAME-s2" "$@"; }
+sx tc qdisc replace dev l1r0 root handle 1: htb default 20 &&
+  sx tc class add dev l1r0 parent 1: classid 1:10 htb rate 1mbit ceil 1mbit &&
+  sx tc class add dev l1r0 parent 1: classid 1:20 htb rate 10gbit 2>/dev/null &&
+  sx tc filter add dev l1r0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10 &&
+  sx tc filter add dev l1r0 parent 1: protocol ip prio 2 u32 match ip protocol 17 0xff match ip dport 9 0xffff flowid 1:10 ||
+  fail "ICMP queue on s2"
+ip netns exec "sf-$NAME-s2" timeout 90 python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(50):
+    s.sendto(bytes(1000), (sys.argv[1], 9))
+t = time.monotonic()
+while True:  # 1000 B + headers every 8.5 ms: about 1 Mbit/s
+    t += 0.0085
+    time.sleep(max(0, t - time.monotonic()))
+    s.sendto(bytes(1000), (sys.argv[1], 9))' "$a1" &
+FILL=$!
+sleep 1
+job_start late 29935
+for ((i = 0; i < 300; i++)); do grep -q "bundle active" "$TMP/late0.out" 2>/dev/null && break; sleep 0.1; done
+kill "$FILL"; wait "$FILL" 2>/dev/null
+sx tc qdisc del dev l1r0 root || fail "ICMP queue on s2 off"
+job_wait late
+grep "shadows over" "$TMP/late0.out" || { cat "$TMP/late0.out"; fail "no discovery line"; }
+placed h1 "$TMP/late.json"
 
 note "discovery off, for comparison"
 job off 29932 SHUNT_PATH_DISCOVERY_MS=0

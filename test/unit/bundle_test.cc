@@ -908,6 +908,18 @@ TEST(PathDiscovery, PicksPortsBalancedOverTheRoutersThatAnswered) {
 // serves every bundle that asks within the TTL; askers during the round hear
 // "pending" and start no second round; more candidates, or an old entry,
 // start a round on fresh ports.
+TEST(PathDiscovery, WaitsLongerForASecondRouterBehindAQueue) {
+  // Started at 1000 ms with wait_ms 100: the cap is 10 x 100 after the start.
+  EXPECT_EQ(discovery_deadline(1000, 100, 0, 1000), 1100);  // nobody out there: the base wait
+  EXPECT_EQ(discovery_deadline(1000, 100, 1, 1002), 2000);  // one router: up to the cap for another
+  EXPECT_EQ(discovery_deadline(1000, 100, 2, 1002), 1100);  // both at once: the base wait
+  EXPECT_EQ(discovery_deadline(1000, 100, 2, 1060), 1100);  // the second in time: the base wait
+  EXPECT_EQ(discovery_deadline(1000, 100, 2, 1095), 1118);  // just in time: a quarter more for its burst
+  EXPECT_EQ(discovery_deadline(1000, 100, 2, 1040), 1100);  // and never less than the base wait
+  EXPECT_EQ(discovery_deadline(1000, 100, 2, 1600), 1750);  // one from behind a queue: a quarter more
+  EXPECT_EQ(discovery_deadline(1000, 100, 2, 1950), 2000);  // never past the cap
+}
+
 TEST(PathDiscovery, OneRoundServesEveryBundleOfAHostTowardsAPeer) {
   int rounds = 0;
   std::vector<std::vector<uint16_t>> asked;
