@@ -99,6 +99,8 @@ for sp in $SPREADS; do
   read -r bw s1 s2 < "$TMP/round"
   with[$sp]=$bw
   echo "  with shunt ($PATHS paths, $sp): $bw MB/s, spine 1 $s1 B, spine 2 $s2 B"
+  # where path discovery placed each sender's shadows (routers two hops out)
+  grep -h 'shadows over\|no router answered' "$TMP/A-0" "$TMP/B-0" | sed 's/^/    /' || true
   for h in h1 h2; do  # how each job's sender spread its bytes (MB per path, by UDP source port)
     fab exec $h -- cat /tmp/bundle-bench.json 2>/dev/null | python3 -c '
 import json, sys
