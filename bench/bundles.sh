@@ -48,7 +48,7 @@ KEY=bench-$$
 job() {
   local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
   [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$with" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL="$PATHS"
-    SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json ${BUNDLE_BENCH_ENV:-})  # queues of up to 1 s: no path is declared dead for that
+    SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json SHUNT_LOG_LEVEL=info ${BUNDLE_BENCH_ENV:-})  # queues of up to 1 s: no path is declared dead for that
   local boot
   boot=$(fab addr "$a" r0)
   # one WRITE_WITH_IMM per 256 KiB message (split cuts it, the others do not)
