@@ -173,7 +173,8 @@ bool parse_peers(std::string_view text, std::vector<PeerSpec>* out, std::string*
 }
 
 ProbeEngine::ProbeEngine(EngineConfig cfg)
-    : cfg_(std::move(cfg)), ts_(cfg_.test_clock), self_id_(node_id(cfg_.name)) {
+    : cfg_(std::move(cfg)), ts_(cfg_.test_clock), self_id_(node_id(cfg_.name)),
+      jitter_((uint64_t(randombytes_random()) << 32) | randombytes_random()) {
   // Pair sequence numbers start at the clock in us: a restarted engine never
   // reuses numbers its peers have seen, so their replay check needs no reset.
   seq_base_ = uint64_t(TimeSource::kernel_now() / 1000);
@@ -636,8 +637,7 @@ void ProbeEngine::send_due(int64_t now) {
     // Keep the schedule, with a little jitter so hosts do not phase-lock.
     p->next_send += cfg_.interval_ns;
     if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
-    p->next_send += int64_t(randombytes_uniform(uint32_t(cfg_.interval_ns / 20 + 1))) -
-                    cfg_.interval_ns / 40;
+    p->next_send += std::uniform_int_distribution<int64_t>(0, cfg_.interval_ns / 20)(jitter_) - cfg_.interval_ns / 40;
   }
   // Software send stamps are queued by the time send() returns: collect them
   // now rather than in a wakeup of their own (hardware ones come later, on POLLERR).

@@ -32,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -221,6 +222,7 @@ class ProbeEngine {
   EngineConfig cfg_;
   TimeSource ts_;
   uint64_t self_id_;
+  std::mt19937_64 jitter_;  // the send schedule's jitter (seeded once; a system call per round before)
   std::vector<std::unique_ptr<ProbeSocket>> socks_;
   std::vector<std::vector<Pending>> pending_;  // per rail: send id -> probe
   mutable std::mutex mu_;
