@@ -1049,6 +1049,7 @@ std::vector<PeerReport> ProbeEngine::report() const {
       r.source_paths.push_back({sp->id, sp->rail, sp->port, sp->reflected, sp->ps.view.stats(now)});
     r.pairs_kept = p->filter.accepted();
     r.pairs_dropped = p->filter.rejected();
+    r.pair_tol_ns = p->filter.tolerance();
     r.steps = p->est.steps_detected();
     out.push_back(std::move(r));
   }

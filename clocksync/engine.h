@@ -121,6 +121,7 @@ struct PeerReport {
   std::vector<PathStats> paths;  // index = rail
   std::vector<SourcePathStats> source_paths;
   uint64_t pairs_kept = 0, pairs_dropped = 0, steps = 0;
+  int64_t pair_tol_ns = 0;  // the pair filter's tolerance now (filter.h)
 };
 
 struct PathEvent {

@@ -11,7 +11,9 @@ std::optional<int64_t> PairFilter::accept(const PairStamps& p) {
     return std::nullopt;
   }
   int64_t sent = p.tx1 - p.tx0, got = p.rx1 - p.rx0;
-  if (std::llabs(got - sent) > tol_) {
+  const int64_t err = std::llabs(got - sent);
+  learn(err);
+  if (err > tol_) {
     rejected_++;
     return std::nullopt;
   }
@@ -19,6 +21,19 @@ std::optional<int64_t> PairFilter::accept(const PairStamps& p) {
   // Receive batching (interrupt moderation, NAPI, a softirq run) can hold the
   // first probe until the second arrives: the less-delayed one is the clean one.
   return std::min(p.rx0 - p.tx0, p.rx1 - p.tx1);
+}
+
+void PairFilter::learn(int64_t err) {
+  block_[in_block_++] = err;
+  if (in_block_ < kBlock) return;
+  in_block_ = 0;
+  std::nth_element(block_, block_ + kBlock / 4, block_ + kBlock);
+  noise_[next_] = block_[kBlock / 4];
+  next_ = (next_ + 1) % kBlocks;
+  blocks_ = std::min(blocks_ + 1, kBlocks);
+  int64_t low = noise_[0];
+  for (int i = 1; i < blocks_; i++) low = std::min(low, noise_[i]);
+  tol_ = std::clamp(3 * low, floor_, std::max(floor_, kMaxTolNs));
 }
 
 std::optional<Sample> WindowMin::add(const Sample& s, double slope) {

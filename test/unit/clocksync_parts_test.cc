@@ -44,6 +44,37 @@ TEST(ClocksyncPairFilter, KeepsPairsWithUnchangedSpacingOnly) {
   EXPECT_EQ(f.rejected(), 2u);
 }
 
+// Pairs whose spacing changed by `err` ns (the second probe later).
+PairStamps spaced(int64_t t, int64_t err) { return {t, t + 3000, t + 50'000, t + 53'000 + err}; }
+
+TEST(ClocksyncPairFilter, WidensToTheStampsNoiseButNotToCongestion) {
+  uint64_t x = 12345;
+  auto noise = [&x](int64_t lo, int64_t hi) {  // uniform in [lo, hi), deterministic
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + int64_t((x >> 33) % uint64_t(hi - lo));
+  };
+  // Software stamps on an emulated CPU: spacing errors up to 200 us. A
+  // fixed 10 us keeps about one pair in twenty.
+  PairFilter f(10'000);
+  int kept = 0;
+  for (int i = 0; i < 32 * PairFilter::kBlock; i++) kept += f.accept(spaced(i * 100'000'000LL, noise(0, 200'000))).has_value();
+  EXPECT_GT(f.tolerance(), 60'000);
+  EXPECT_LT(f.tolerance(), 200'000);
+  EXPECT_GT(kept, 32 * PairFilter::kBlock / 4) << "tolerance " << f.tolerance();
+  // A congested spell spreads every pair by 0.5-2 ms: the tolerance stays
+  // with the quiet blocks' noise (the lowest of those still in the ring).
+  for (int i = 0; i < 20 * PairFilter::kBlock; i++) f.accept(spaced(i * 100'000'000LL, noise(500'000, 2'000'000)));
+  EXPECT_LT(f.tolerance(), 200'000);
+  // Quiet stamps (a real NIC's, or veth's): the configured 10 us.
+  PairFilter q(10'000);
+  for (int i = 0; i < 4 * PairFilter::kBlock; i++) q.accept(spaced(i * 100'000'000LL, noise(0, 2'000)));
+  EXPECT_EQ(q.tolerance(), 10'000);
+  // Never past 1 ms, whatever the stamps.
+  PairFilter w(10'000);
+  for (int i = 0; i < 2 * PairFilter::kBlock; i++) w.accept(spaced(i * 100'000'000LL, noise(3'000'000, 9'000'000)));
+  EXPECT_EQ(w.tolerance(), PairFilter::kMaxTolNs);
+}
+
 TEST(ClocksyncWindowMin, EmitsTheDetrendedMinimumPerWindow) {
   WindowMin w(1000);
   EXPECT_FALSE(w.add({100, 50}, 0));

@@ -208,11 +208,12 @@ int main(int argc, char** argv) {
                {"direct_bound_ns", r.clock.direct_bound_ns}, {"drift_ppb", r.clock.drift_ppb},
                {"half_rtt_ns", r.clock.half_rtt_ns}, {"age_ns", r.clock.age_ns},
                {"naive_offset_ns", r.clock.naive_offset_ns}, {"pairs_kept", r.pairs_kept},
-               {"pairs_dropped", r.pairs_dropped}, {"steps", r.steps}, {"at_kernel_ns", end}};
+               {"pairs_dropped", r.pairs_dropped}, {"pair_tol_ns", r.pair_tol_ns}, {"steps", r.steps},
+               {"at_kernel_ns", end}};
     if (!quiet)
-      printf("  %-10s offset %+14.1f ns  bound %8.1f ns  drift %+9.1f ppb  pairs %llu kept %llu dropped\n",
+      printf("  %-10s offset %+14.1f ns  bound %8.1f ns  drift %+9.1f ppb  pairs %llu kept %llu dropped (tolerance %lld ns)\n",
              r.name.c_str(), r.clock.offset_ns, r.clock.bound_ns, r.clock.drift_ppb,
-             (unsigned long long)r.pairs_kept, (unsigned long long)r.pairs_dropped);
+             (unsigned long long)r.pairs_kept, (unsigned long long)r.pairs_dropped, (long long)r.pair_tol_ns);
     pj["paths"] = json::array();
     for (size_t i = 0; i < r.paths.size(); i++) {
       const PathStats& s = r.paths[i];
