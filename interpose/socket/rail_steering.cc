@@ -62,7 +62,27 @@ struct State {
   std::mutex wake_mu;
   std::condition_variable wake_cv;
   bool poke = false;  // under wake_mu
+  // What `shuntctl sockets` shows of the rails, copied after each tick: the
+  // agent's command took `mu` and so waited out a tick (up to a second of
+  // endpoint set-up at start on a soft-RoCE guest).
+  std::mutex snap_mu;
+  json snap;  // under snap_mu; null until the first copy
 };
+
+// Copies the rails' state for sockets_json. Under s.mu.
+void publish(State& s) {
+  json j = {{"status", s.status}, {"missing", s.missing}};
+  json rails = json::array();
+  for (size_t i = 0; i < s.rails.size(); i++) {
+    const Rail& r = s.rails[i];
+    rails.push_back({{"rail", i}, {"addr", r.addr.addr_str()}, {"endpoint_id", r.addr.id}, {"backup", r.backup},
+                     {"reason", r.reason}, {"dead_to", std::vector<std::string>(r.dead.begin(), r.dead.end())},
+                     {"inband_stalled", r.inband_bad}, {"failures", r.failures}, {"hold_ms", r.hold_ms}});
+  }
+  j["rails"] = rails;
+  std::lock_guard l(s.snap_mu);
+  s.snap = std::move(j);
+}
 
 void poke(State& s) {
   {
@@ -372,6 +392,7 @@ void run(State& s) {
       int64_t due = inband ? std::min(next_assert, next_dump) : next_assert;
       wait = std::clamp<int64_t>(due - now_ms(), kTickMs, kAssertMs);
     }
+    publish(s);
     lk.unlock();
     {
       std::unique_lock w(s.wake_mu);
@@ -389,12 +410,15 @@ void start(const std::function<clocksync::ProbeEngine*()>& engine) {
   auto* s = new State;
   g = s;
   if (config().num(Param::mptcp_endpoints) != 0) {
+    std::lock_guard lk(s->mu);
     s->status = "off (SHUNT_MPTCP_ENDPOINTS)";
+    publish(*s);
     return;
   }
   {
     std::lock_guard lk(s->mu);
     setup(*s);
+    publish(*s);
     if (s->rails.empty() || !s->steering) return;
     s->engine = engine ? engine() : nullptr;
   }
@@ -435,25 +459,27 @@ json sockets_json() {
     j["status"] = "off";
     return j;
   }
-  std::lock_guard lk(s->mu);
-  j["status"] = s->status;
-  j["missing"] = s->missing;
-  json rails = json::array();
-  for (size_t i = 0; i < s->rails.size(); i++) {
-    const Rail& r = s->rails[i];
-    rails.push_back({{"rail", i}, {"addr", r.addr.addr_str()}, {"endpoint_id", r.addr.id}, {"backup", r.backup},
-                     {"reason", r.reason}, {"dead_to", std::vector<std::string>(r.dead.begin(), r.dead.end())},
-                     {"inband_stalled", r.inband_bad}, {"failures", r.failures}, {"hold_ms", r.hold_ms}});
+  {
+    std::lock_guard l(s->snap_mu);
+    if (s->snap.is_null()) {
+      j["status"] = "starting";
+      j["missing"] = json::array();
+      j["rails"] = json::array();
+    } else {
+      j.update(s->snap);
+    }
   }
-  j["rails"] = rails;
+  // The kernel's endpoints and limits on a netlink socket of this call's
+  // own (the rail thread's is the thread's).
+  PathManager pm;
   std::vector<Endpoint> eps;
   std::string err;
   json ej = json::array();
-  if (s->pm.endpoints(&eps, &err))
+  if (pm.open(&err) && pm.endpoints(&eps, &err))
     for (auto& e : eps) ej.push_back(endpoint_json(e));
   j["endpoints"] = ej;
   uint32_t sub = 0, acc = 0;
-  if (s->pm.get_limits(&sub, &acc, &err)) j["limits"] = {{"subflows", sub}, {"add_addr_accepted", acc}};
+  if (pm.get_limits(&sub, &acc, &err)) j["limits"] = {{"subflows", sub}, {"add_addr_accepted", acc}};
   return j;
 }
 }  // namespace
