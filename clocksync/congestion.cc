@@ -72,8 +72,8 @@ void CongestionDetector::rebase(const std::function<double(int64_t)>& by) {
   judge();
 }
 
-void CongestionDetector::seed_from(int64_t now, const CongestionDetector& o) {
-  if (o.s_.samples < kWarmup || s_.samples) return;
+bool CongestionDetector::seed_from(int64_t now, const CongestionDetector& o) {
+  if (o.s_.samples < kWarmup || s_.samples) return false;
   mins_[0] = o.s_.base_ns;
   starts_[0] = now;
   min_at_[0] = now;
@@ -84,6 +84,7 @@ void CongestionDetector::seed_from(int64_t now, const CongestionDetector& o) {
   s_.noise_ns = o.s_.noise_ns;
   s_.threshold_ns = o.s_.threshold_ns;
   s_.samples = kWarmup;  // judged from its first sample on
+  return true;
 }
 
 }  // namespace shunt::clocksync

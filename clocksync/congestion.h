@@ -42,8 +42,9 @@ class CongestionDetector {
   // Starts from another detector's base and noise, warm-up done: for a new
   // path between the same two hosts (another source port on the same rail)
   // whose probes start while the job already loads it. Its own lower levels
-  // still lower the base; nothing if `o` has no verdict yet.
-  void seed_from(int64_t now, const CongestionDetector& o);
+  // still lower the base; nothing if `o` has no verdict yet (or this one
+  // has samples). Returns whether it took the seed.
+  bool seed_from(int64_t now, const CongestionDetector& o);
   // Re-expresses every delay it holds as the delay less by(t), t when that
   // delay was measured: raw delays (the peer's clock offset in them) once
   // the clock model exists, with the offset it gives at each one's time.

@@ -50,8 +50,13 @@ class PathView {
   PathStats stats(int64_t now) const;
   bool alive() const { return alive_; }
   // A new path's forward queue starts from `o`'s base and noise
-  // (CongestionDetector::seed_from).
-  void seed_queue(int64_t now, const PathView& o) { fwd_queue_.seed_from(now, o.fwd_queue_); }
+  // (CongestionDetector::seed_from), in `o`'s terms: a base already on the
+  // clock model is not rebased on it again (it was, and every new source
+  // path then saw the peer's clock offset, hundreds of ms on the guests, as
+  // its queue).
+  void seed_queue(int64_t now, const PathView& o) {
+    if (fwd_queue_.seed_from(now, o.fwd_queue_)) queue_on_model_ = o.queue_on_model_;
+  }
 
  private:
   struct Delay {

@@ -324,6 +324,33 @@ TEST(ClocksyncCongestion, RebasedOnTheClockModelKeepsTheSeededBase) {
   EXPECT_NEAR(seeded.state().excess_ns, 1'000, 100);
 }
 
+// A source path that starts after the rail path's detector went on the
+// clock model takes the rail's base in the model's terms: it is not rebased
+// again (its queue was the peer's clock offset, 5 ms here, on every new
+// source path of a host whose model was valid before its job's bundles).
+TEST(ClocksyncCongestion, ASourcePathSeededFromARailOnTheModelIsNotRebasedTwice) {
+  const int64_t ms = 1'000'000;
+  const std::function<double(int64_t)> off = [](int64_t) { return 5'000'000.0; };
+  PathView rail;
+  for (int i = 0; i < 30; i++) rail.add_queue_sample(i * 100 * ms, 5'020'000 + (i % 2) * 1'000, nullptr);
+  for (int i = 30; i < 40; i++) rail.add_queue_sample(i * 100 * ms, 5'020'000 + (i % 2) * 1'000, &off);
+  ASSERT_NEAR(rail.stats(40 * 100 * ms).fwd_queue.base_ns, 20'000, 1);
+  PathView src;
+  src.seed_queue(40 * 100 * ms, rail);
+  for (int i = 40; i < 60; i++) src.add_queue_sample(i * 100 * ms, 5'021'000, &off);  // no queue
+  PathStats s = src.stats(60 * 100 * ms);
+  EXPECT_NEAR(s.fwd_queue.base_ns, 20'000, 1'000);
+  EXPECT_LT(s.fwd_queue.excess_ns, 5'000);
+  EXPECT_FALSE(s.fwd_queue.congested);
+  // Seeded from a rail still on raw delays, it is rebased once, as before.
+  PathView raw_rail, src2;
+  for (int i = 0; i < 30; i++) raw_rail.add_queue_sample(i * 100 * ms, 5'020'000 + (i % 2) * 1'000, nullptr);
+  src2.seed_queue(30 * 100 * ms, raw_rail);
+  for (int i = 30; i < 50; i++) src2.add_queue_sample(i * 100 * ms, 5'021'000, &off);
+  EXPECT_NEAR(src2.stats(50 * 100 * ms).fwd_queue.base_ns, 20'000, 1'000);
+  EXPECT_FALSE(src2.stats(50 * 100 * ms).fwd_queue.congested);
+}
+
 TEST(ClocksyncPeers, ParsesPeerLists) {
   std::vector<PeerSpec> p;
   std::string err;
