@@ -1127,7 +1127,7 @@ json answer_join(const json& req) {
   // spreads over the routers as the deciding side's data does; left to the
   // hash, 8 ports land 6:2 or worse about half the time. While the round is
   // out the deciding side is asked to come again (it does every 100 ms), for
-  // at most discovery_deadline's cap (ten times SHUNT_PATH_DISCOVERY_MS) + 1 s;
+  // at most discovery_cap_ms (ten times SHUNT_PATH_DISCOVERY_MS) + 1 s;
   // then the hash places them.
   std::vector<std::pair<uint32_t, std::string>> placed;
   {
@@ -1142,7 +1142,7 @@ json answer_join(const json& req) {
       std::vector<std::string> hops;
       const int got = shared_hops(lip, rip, 3 * want, wait_ms, true, &ports, &hops);
       if (got < 0) {
-        if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + int64_t{kDiscoveryLateFactor} * wait_ms + 1000;
+        if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + discovery_cap_ms(wait_ms) + 1000;
         if (mono_ms() < b->hops_until_ms) return {{"retry", "finding paths"}};
       } else if (got > 0) {
         std::string spread;
@@ -3497,7 +3497,7 @@ json answer(const json& req, const std::string& cmd) {
 int shared_hops_via(const std::string& sock, const std::string& local, const std::string& peer, int candidates,
                     int wait_ms, bool once, std::vector<uint16_t>* ports, std::vector<std::string>* hops) {
   if (sock.empty()) return 0;
-  const int64_t deadline = mono_ms() + int64_t{kDiscoveryLateFactor} * wait_ms + 1000;  // discovery_deadline's cap
+  const int64_t deadline = mono_ms() + discovery_cap_ms(wait_ms) + 1000;
   std::string err;
   for (;;) {
     auto r = peer::request(sock,

@@ -49,7 +49,7 @@ std::string read_offender(int fd, bool* reached) {
 }  // namespace
 
 int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms) {
-  const int64_t cap = start_ms + int64_t{kDiscoveryLateFactor} * wait_ms;
+  const int64_t cap = start_ms + discovery_cap_ms(wait_ms);
   if (routers == 0) return start_ms + wait_ms;  // no router out there (a peer on the same switch)
   if (routers == 1) return cap;
   const int64_t grace = std::max<int64_t>(20, (last_new_ms - start_ms) / 4);

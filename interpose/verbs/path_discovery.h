@@ -43,6 +43,8 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
 // changes; on a fabric with a single router two hops out the first
 // discovery towards a peer waits the whole cap.
 constexpr int kDiscoveryLateFactor = 10;
+// The longest a discovery waits for answers: kDiscoveryLateFactor x wait_ms.
+constexpr int64_t discovery_cap_ms(int wait_ms) { return int64_t{kDiscoveryLateFactor} * wait_ms; }
 int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms);
 
 // `want` indices into hops, spread evenly over the distinct known hops (in
