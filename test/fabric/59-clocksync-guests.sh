@@ -8,7 +8,8 @@
 # shunt-probe for 30 s; checked, for each end:
 # - the tolerance widened past the configured 10 us (and stays <= 1 ms),
 #   and at least a quarter of the pairs were kept;
-# - the clock model is valid, with a bound under 2 ms;
+# - the clock model is valid, with a bound under 5 ms (0.3-0.8 ms on a host
+#   that runs the guests quickly; a slower one spreads the stamps more);
 # - the two ends agree: h1's offset to h2 and h2's to h1 are opposite,
 #   within the sum of their bounds;
 # - the path's one-way delays are known both ways (positive, under 5 ms).
@@ -41,7 +42,7 @@ for f in sys.argv[1:]:
     assert 10_000 < p["pair_tol_ns"] <= 1_000_000, "%s: tolerance not widened to the stamps' noise" % me
     assert kept * 4 >= kept + dropped, "%s: under a quarter of the pairs kept" % me
     assert p["valid"], "%s: no valid clock model" % me
-    assert 0 < p["bound_ns"] < 2e6, "%s: bound %.0f ns" % (me, p["bound_ns"])
+    assert 0 < p["bound_ns"] < 5e6, "%s: bound %.0f ns" % (me, p["bound_ns"])
     for k in ("fwd_p50_ns", "rev_p50_ns"):
         assert 0 < p["paths"][0][k] < 5e6, "%s: one-way delay %s %.0f ns" % (me, k, p["paths"][0][k])
 a, b = ends["h1"], ends["h2"]
