@@ -286,6 +286,22 @@ struct Bundle {
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   bool split = false;
   uint64_t split_min = 0;
+  // SHUNT_SPREAD=auto (split set too): whether a large WRITE is split or
+  // stays on the carrier (pin) is chosen once per busy period (from a post
+  // while the whole bundle was drained to its next drain) by which mode
+  // moved its periods' bytes faster (ns per byte, EWMA): pin where the
+  // application's own path is as fast as the spread (nothing collides on
+  // it), split where it is slower. Each mode is tried kAutoFirst times
+  // first; then every kAutoExplore-th period tries the other one.
+  bool spread_auto = false;
+  bool period_open = false;
+  int period_mode = -1;  // in the open period: -1 no large WRITE yet, 0 pin, 1 split
+  int64_t period_start_ns = 0;
+  uint64_t period_bytes = 0;
+  double auto_npb[2] = {0, 0};    // ns per byte of the periods in each mode (EWMA); 0: none yet
+  uint64_t auto_periods[2] = {0, 0};
+  uint64_t auto_choices = 0;
+  int auto_best = -1;  // the mode that was faster at the last choice (-1: not known yet)
   // Steering (SHUNT_STEER): with queue, by the probes' forward queues while
   // they know at least two of the split's paths (steer_owd), else the
   // shares stay; with latency, by segment latency; off: static shares.
@@ -706,7 +722,8 @@ void activate(Bundle* b) {
     b->cur = 0;
     b->last = kPrimary;
     b->flowlet = config().num(Param::spread) == 1;
-    b->split = config().num(Param::spread) == 2;
+    b->split = config().num(Param::spread) >= 2;
+    b->spread_auto = config().num(Param::spread) == 3;
     b->steer = config().num(Param::steer) != 0;
     b->steer_queue = config().num(Param::steer) == 2;
     b->split_min = static_cast<uint64_t>(config().num(Param::split_min_bytes));
@@ -1503,6 +1520,56 @@ int post_recvs_on(Bundle* b, Path& p, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return 0;
 }
 
+// ------------------------------------------------ SHUNT_SPREAD=auto
+constexpr uint64_t kAutoFirst = 3;     // periods each mode is tried before either is chosen
+constexpr uint64_t kAutoExplore = 16;  // then every this many-th choice tries the other mode
+constexpr double kAutoMargin = 0.05;   // the other mode takes over only when this much faster
+
+// Nothing of the bundle in flight or waiting. Under b->lk.
+bool bundle_drained(const Bundle* b) {
+  if (!b->held.empty() || b->prim.posted != b->prim.done) return false;
+  for (const auto& p : b->paths)
+    if (p.posted != p.done) return false;
+  return true;
+}
+
+void open_period(Bundle* b) {
+  b->period_open = true;
+  b->period_mode = -1;
+  b->period_start_ns = now_ns();
+  b->period_bytes = 0;
+}
+
+// The bundle drained: the period's ns per byte goes to its mode's average
+// (a period without a large WRITE tells neither). Under b->lk.
+void close_period(Bundle* b) {
+  b->period_open = false;
+  if (b->period_mode < 0 || b->period_bytes == 0) return;
+  const double x = static_cast<double>(now_ns() - b->period_start_ns) / static_cast<double>(b->period_bytes);
+  double& a = b->auto_npb[b->period_mode];
+  a = a > 0 ? 0.7 * a + 0.3 * x : x;
+  b->auto_periods[b->period_mode]++;
+}
+
+// The mode of a period that has a large WRITE to place: each mode first
+// kAutoFirst times (split first), then the faster one (the one chosen last
+// time unless the other is kAutoMargin faster), except every
+// kAutoExplore-th choice, which tries the other: the faster mode changes
+// with what else crosses the fabric. Under b->lk.
+int auto_choose(Bundle* b) {
+  const uint64_t n = ++b->auto_choices;
+  if (b->auto_periods[0] < kAutoFirst || b->auto_periods[1] < kAutoFirst)
+    return b->auto_periods[1] <= b->auto_periods[0] ? 1 : 0;
+  int best = b->auto_best >= 0 ? b->auto_best : (b->auto_npb[1] < b->auto_npb[0] ? 1 : 0);
+  if (b->auto_npb[1 - best] < b->auto_npb[best] * (1 - kAutoMargin)) best = 1 - best;
+  if (best != b->auto_best)
+    log::info("{} QP {}: SHUNT_SPREAD=auto: large WRITEs {} now ({:.0f} ns/KiB split, {:.0f} ns/KiB pinned)",
+              b->ctx->device, b->pqp->qp_num, best ? "split" : "stay on the carrier", 1024 * b->auto_npb[1],
+              1024 * b->auto_npb[0]);
+  b->auto_best = best;
+  return n % kAutoExplore == 0 ? 1 - best : best;
+}
+
 int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w) {
   bool sig = signaled(b, *w);
   ibv_send_wr one;
@@ -1516,6 +1583,7 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   ibv_send_wr* bad = nullptr;
   Path& p = P(b, target);
   bool starts = p.posted == p.done;
+  if (b->spread_auto && !b->period_open) open_period(b);
   ibv_send_wr tw;
   ibv_sge tsg[kMaxRailSge];
   if (p.rail) {
@@ -1530,6 +1598,7 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   const ibv_wr_opcode op = w->opcode;
   const uint64_t wr_id = w->wr_id;
   if (starts) p.flow_start_ns = now_ns(), p.flow_bytes = 0;
+  if (b->period_open) b->period_bytes += len;
   p.posted++;
   Copy& cp = p.infl.push();
   if (from) {
@@ -1701,6 +1770,11 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
     if (usable(b->paths[i]) && fits(b, static_cast<int>(i), w)) on[k++] = static_cast<int>(i);
   k = static_cast<int>(std::min<uint64_t>(k, (len - kSplitTail) / kMinSegment));
   if (k < 2) return false;
+  if (b->spread_auto) {  // split or pin: chosen once per busy period
+    if (!b->period_open) open_period(b);
+    if (b->period_mode < 0) b->period_mode = auto_choose(b);
+    if (b->period_mode == 0) return false;
+  }
   // Each split starts on the next path: the device sends the segments in
   // the order they were posted, so the first path's segment is out first
   // and completes first whatever its share. Always from path 0, latency
@@ -3314,6 +3388,7 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           p->ns_per_byte = p->ns_per_byte > 0 ? 0.75 * p->ns_per_byte + 0.25 * x : x;
           p->flow_bytes = 0;
         }
+        if (b->period_open && drained(*p) && bundle_drained(b)) close_period(b);
       }
       if (!b->held.empty() && touched != b) {
         if (touched) pending_flush = touched;  // rare: two bundles in one batch
@@ -3410,6 +3485,13 @@ json bundle_json(const QpRecord& r) {
           {"splits", b->splits},
           {"segments", b->segments},
           {"steer", !b->split ? "-" : !b->steer ? "off" : !b->steer_queue ? "latency" : b->steer_owd ? "queue" : "queue-unknown"},
+          {"spread", b->spread_auto ? "auto" : b->split ? "split" : b->flowlet ? "flowlet" : "pin"},
+          {"auto", !b->spread_auto ? json(nullptr)
+                                   : json{{"now", b->auto_best < 0 ? "trying" : b->auto_best ? "split" : "pin"},
+                                          {"split_ns_per_kib", 1024 * b->auto_npb[1]},
+                                          {"pin_ns_per_kib", 1024 * b->auto_npb[0]},
+                                          {"split_periods", b->auto_periods[1]},
+                                          {"pin_periods", b->auto_periods[0]}}},
           {"steer_steps", b->steer_steps},
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
@@ -3573,7 +3655,8 @@ void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min) {
   Bundle* b = r->bundle.load();
   std::lock_guard l(b->lk);
   b->flowlet = spread == 1;
-  b->split = spread == 2;
+  b->split = spread >= 2;
+  b->spread_auto = spread == 3;
   b->split_min = split_min;
 }
 

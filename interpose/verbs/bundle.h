@@ -103,7 +103,7 @@ int bundle_locate(const std::string& gid_hex, uint32_t qpn);
 // shadow QPs (no peer, nothing created, no failover worker), and its removal.
 Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows);
 void bundle_detach_for_test(QpRecord* r);
-// SHUNT_SPREAD as read at activation (0 pin, 1 flowlet, 2 split).
+// SHUNT_SPREAD as read at activation (0 pin, 1 flowlet, 2 split, 3 auto).
 void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min);
 // Where two-sided work goes: -1 the application's QP, a path, -2 moving.
 int bundle_carrier_for_test(QpRecord* r);

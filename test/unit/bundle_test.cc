@@ -824,6 +824,49 @@ TEST(Bundle, SplitsPipelineButNeverOverlapAnUnfinishedOne) {
   EXPECT_EQ(bundle_json(*r.rec)["splits"], 3);
 }
 
+// SHUNT_SPREAD=auto: each busy period (here one message, posted while the
+// bundle was drained, to its completion) is split or pinned; after each
+// mode was tried three times, large WRITEs go the way whose periods moved
+// their bytes faster, split when the carrier is the slow one, pinned when
+// the spread is, until the 16th choice tries the other mode again.
+namespace {
+// One 128 KiB WRITE_WITH_IMM, completed `slow_ms` after its post if it went
+// the slow way (split or not); returns whether it was split.
+bool auto_period(Rig& r, uint64_t id, bool split_slow, int slow_ms) {
+  static char buf[128 * 1024];
+  const size_t from = g_posted.size();
+  EXPECT_EQ(r.post_remote(IBV_WR_RDMA_WRITE_WITH_IMM, id, buf, sizeof buf, 0x100000), 0);
+  const bool split = g_posted.size() == from + 3;
+  EXPECT_TRUE(split || (g_posted.size() == from + 1 && g_posted[from].qpn == 500u)) << g_posted.size() - from;
+  if (split == split_slow) usleep(slow_ms * 1000);
+  if (split) {
+    for (size_t i = from; i < from + 3; i++) complete(g_posted[i].qpn, 0);
+    EXPECT_TRUE(r.poll().empty());
+    EXPECT_EQ(g_posted.size(), from + 4);  // the tail
+  }
+  complete(500, id);
+  auto wc = r.poll();
+  EXPECT_EQ(wc.size(), 1u);
+  return split;
+}
+}  // namespace
+
+TEST(Bundle, AutoSplitsWhenTheCarrierIsSlowerAndPinsWhenItIsFaster) {
+  for (bool split_slow : {false, true}) {
+    Rig r;
+    bundle_spread_for_test(r.rec, 3, 65536);
+    std::string modes;
+    for (uint64_t i = 1; i <= 17; i++) modes += auto_period(r, i, split_slow, 15) ? 's' : 'p';
+    // Tried in turn, then the faster, the 16th choice the other.
+    EXPECT_EQ(modes, split_slow ? "spspsppppppppppsp" : "spspspsssssssssps") << "split slow: " << split_slow;
+    auto j = bundle_json(*r.rec);
+    EXPECT_EQ(j["spread"], "auto");
+    EXPECT_EQ(j["auto"]["now"], split_slow ? "pin" : "split");
+    EXPECT_GT(j["auto"][split_slow ? "split_ns_per_kib" : "pin_ns_per_kib"].get<double>(),
+              2 * j["auto"][split_slow ? "pin_ns_per_kib" : "split_ns_per_kib"].get<double>());
+  }
+}
+
 // A probed bundle's worker asks the agent about its paths' probes when the
 // engine's count of liveness changes moved, after registering new ports,
 // and every 5 s regardless; every 100 ms where it cannot read the count.
