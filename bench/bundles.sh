@@ -10,13 +10,19 @@
 #   the other leaf, else "apart".
 #   Runs repeat (new QPNs, new ports) until both kinds were seen, or
 #   BUNDLE_BENCH_TRIES ran out.
-# - with shunt (active, PATHS paths per rail, default 8), once per spread mode in
-#   BUNDLE_BENCH_SPREAD (default "split"): split cuts each message over the
-#   8 source ports at once. (pin and flowlet keep a WRITE_WITH_IMM, two-sided,
-#   on the application's QP: with one per message they spread nothing here.)
+# - with shunt (active, PATHS paths per rail, default 8), per spread mode in
+#   BUNDLE_BENCH_SPREAD (default "split auto"): split cuts each message over
+#   the 8 source ports at once; auto splits or keeps a message on the
+#   application's QP, whichever moved its bytes faster lately. (pin and
+#   flowlet keep a WRITE_WITH_IMM, two-sided, on the application's QP: with
+#   one per message they spread nothing here.) These runs are classified
+#   too, by the spine each sender's application QP took (an nft set on each
+#   spine records the RoCE packets' source ports; shunt's stats name the
+#   application QP's), and repeat until both kinds were seen or the tries
+#   ran out: where the application's QPs collide matters to auto.
 # Reported: the sum of both jobs' throughput (size / time per iteration,
-# MB/s), and shunt's ratio to each kind of baseline (targets: >= 1.6x
-# collided, >= 0.95x apart).
+# MB/s), and shunt's ratio to the baseline of the same kind (targets:
+# >= 1.6x collided, >= 0.95x apart).
 SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
 need_guests
@@ -30,7 +36,7 @@ RATE=${BUNDLE_BENCH_RATE:-5}
 DUR=${BUNDLE_BENCH_SECONDS:-25}
 TRIES=${BUNDLE_BENCH_TRIES:-6}
 WARMUP=${BUNDLE_BENCH_WARMUP:-2}  # untimed iterations first (shunt-bench -w)
-SPREADS=${BUNDLE_BENCH_SPREAD:-split}
+SPREADS=${BUNDLE_BENCH_SPREAD:-split auto}
 PATHS=${BUNDLE_BENCH_PATHS:-8}
 QUEUE_MS=${BUNDLE_BENCH_QUEUE_MS:-1000}
 # BUNDLE_BENCH_ENV="VAR=VALUE ...": more of libshunt's settings for the runs with it
@@ -42,6 +48,8 @@ up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2
 for l in 1 2; do for s in 1 2; do
   fab fault rate "l${l}r0-s$s" "$RATE" --queue-ms "$QUEUE_MS" >/dev/null || fail "rate l${l}r0-s$s"
 done; done
+command -v nft >/dev/null || fail "no nft (make deps)"
+sport_watch
 KEY=bench-$$
 
 # pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
@@ -64,7 +72,8 @@ job() {
 
 # round WITH -> "busbw_sum s1_bytes s2_bytes"
 round() {
-  local with=$1 port=$((30000 + RANDOM % 2000))
+  local with=$1 port=$((30000 + RANDOM % 2000)) sp
+  for sp in s1 s2; do ip netns exec "sf-$NAME-$sp" nft flush set ip sportseen roce || fail "nft flush on $sp"; done
   snap a
   job "$with" A h1 h3 $port & local ja=$!
   job "$with" B h2 h4 $((port + 1)) & local jb=$!
@@ -82,6 +91,24 @@ round() {
   echo "$bw $s1 $s2"
 }
 
+# prim_spine H -> the spine (s1, s2, ? when unknown) that rank 0's
+# application QP on host H sent its packets through, in the last round
+prim_spine() {
+  local port sp
+  port=$(fab exec "$1" -- cat /tmp/bundle-bench.json 2>/dev/null | python3 -c '
+import json, sys
+for q in json.load(sys.stdin)["verbs"]["qps"]:
+    b = q.get("bundle")
+    if b and b["primary"].get("udp_sport"):
+        print(b["primary"]["udp_sport"])
+        break' 2>/dev/null)
+  [ -n "$port" ] || { echo "?"; return; }
+  for sp in s1 s2; do
+    case " $(sport_seen "$sp" roce) " in *" $(fab addr "$1" r0):$port "*) echo "$sp"; return ;; esac
+  done
+  echo "?"
+}
+
 collided= apart=
 for ((i = 1; i <= TRIES; i++)); do
   round plain > "$TMP/round"
@@ -94,11 +121,15 @@ for ((i = 1; i <= TRIES; i++)); do
   [ -n "$collided" ] && [ -n "$apart" ] && break
 done
 declare -A with
-for sp in $SPREADS; do
+for sp in $SPREADS; do for ((i = 1; i <= TRIES; i++)); do
   round "$sp" > "$TMP/round"
   read -r bw s1 s2 < "$TMP/round"
-  with[$sp]=$bw
-  echo "  with shunt ($PATHS paths, $sp): $bw MB/s, spine 1 $s1 B, spine 2 $s2 B"
+  pa=$(prim_spine h1) pb=$(prim_spine h2)
+  kind=apart
+  [ "$pa" = "$pb" ] && kind=collided
+  [ "$pa" = "?" ] || [ "$pb" = "?" ] && kind=unknown
+  echo "  with shunt ($PATHS paths, $sp), run $i: $bw MB/s, spine 1 $s1 B, spine 2 $s2 B; application QPs on $pa, $pb: $kind"
+  [ $kind != unknown ] && [ -z "${with[$sp,$kind]:-}" ] && with[$sp,$kind]=$bw
   # where path discovery placed each sender's shadows (routers two hops out)
   grep -h 'shadows over\|no router answered' "$TMP/A-0" "$TMP/B-0" | sed 's/^/    /' || true
   for h in h1 h2; do  # how each job's sender spread its bytes (MB per path, by UDP source port)
@@ -107,15 +138,25 @@ import json, sys
 for q in json.load(sys.stdin)["verbs"]["qps"]:
     b = q.get("bundle")
     if b and b["paths"]:
-        print("    '$h' QP %d: primary %.1f MB, paths %s" % (q["qpn"], b["primary"]["bytes"] / 1e6,
-              " ".join("%d:%.1f" % (p["udp_sport"], p["bytes"] / 1e6) for p in b["paths"])))' || true
+        a = b.get("auto")
+        print("    '$h' QP %d: primary %.1f MB, paths %s%s" % (q["qpn"], b["primary"]["bytes"] / 1e6,
+              " ".join("%d:%.1f" % (p["udp_sport"], p["bytes"] / 1e6) for p in b["paths"]),
+              "; auto: %s, %d split %.0f ns/KiB, %d pinned %.0f ns/KiB" % (a["now"], a["split_periods"],
+              a["split_ns_per_kib"], a["pin_periods"], a["pin_ns_per_kib"]) if a else ""))' || true
   done
-done
+  [ -n "${with[$sp,collided]:-}" ] && [ -n "${with[$sp,apart]:-}" ] && break
+done; done
 ratio() { python3 -c "print('%.2fx' % ($1 / $2))"; }
 echo "two jobs across $RATE Mbit/s spines, MB/s summed over both:"
 for sp in $SPREADS; do
-  [ -n "$collided" ] && echo "  $sp, collided: without $collided, with ${with[$sp]}: $(ratio "${with[$sp]}" "$collided") (target >= 1.6x)" ||
-    echo "  $sp, collided: no colliding placement in $TRIES runs"
-  [ -n "$apart" ] && echo "  $sp, apart:    without $apart, with ${with[$sp]}: $(ratio "${with[$sp]}" "$apart") (target >= 0.95x)" ||
-    echo "  $sp, apart: no separated placement in $TRIES runs"
+  for kind in collided apart; do
+    base=$collided target=1.6
+    [ $kind = apart ] && base=$apart target=0.95
+    w=${with[$sp,$kind]:-}
+    if [ -n "$base" ] && [ -n "$w" ]; then
+      printf '  %s, %-9s without %s, with %s: %s (target >= %sx)\n' "$sp" "$kind:" "$base" "$w" "$(ratio "$w" "$base")" $target
+    else
+      printf '  %s, %-9s %s\n' "$sp" "$kind:" "no such placement in $TRIES runs (without shunt: ${base:-none}, with: ${w:-none})"
+    fi
+  done
 done
