@@ -6,6 +6,8 @@
 #   their own UDP source ports, the peer's shim having set up the halves;
 # - one application QP's traffic crosses both spines (flowlet spreading,
 #   and split: each large WRITE_WITH_IMM cut over 8 paths at once, -c 1);
+# - auto: bursts split and bursts kept on the application's QP, both tried
+#   and the data right;
 # - completions: the application's counts are exact (a shadow completion
 #   reaches it as its own, a fence never);
 # - ibv_rc_pingpong (SENDs only, poll and event mode) is untouched;
@@ -128,6 +130,12 @@ for try in 1 2; do
   [ $((s1 * 20)) -ge $((s1 + s2)) ] && [ $((s2 * 20)) -ge $((s1 + s2)) ] && break
   [ $try = 2 ] && fail "split: one QP's traffic stayed on one spine ($s1, $s2)"
 done
+
+note "SHUNT_SPREAD=auto: each burst split or kept on the application's QP, both tried"
+A2A_ENV="SHUNT_SPREAD=auto SHUNT_SPLIT_MIN_BYTES=65536" a2a auto write_imm 8
+read -r now sp pp splits prim < <(py auto-0 'b=rc[0]["bundle"]; a=b["auto"]; print(a["now"], a["split_periods"], a["pin_periods"], b["splits"], b["primary"]["wrs"])')
+echo "auto: now $now, $sp split periods, $pp pinned, $splits splits, $prim WRs on the application's QP"
+[ "$sp" -ge 3 ] && [ "$pp" -ge 3 ] && [ "$splits" -ge 3 ] || fail "auto: did not try both ways ($sp split, $pp pinned periods)"
 
 pingpong() {
   local name=$1; shift
