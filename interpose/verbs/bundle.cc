@@ -189,6 +189,13 @@ struct Path {
   double seg_lat = 0;      // EWMA of its split segments' time from post to completion (ns); 0: none yet
   double share = 1.0;      // its weight in a split's head
   std::string router;        // path discovery: the router 2 hops out its port was seen to take ("": not known)
+  // The router discovery placed it on at setup (its home: "" where the
+  // hash placed it), and the port its next renewal takes with that port's
+  // router (renewal_ports; 0: the hash's).
+  std::string home;
+  uint32_t next_label = 0;
+  std::string next_router;
+  int64_t home_after = 0, home_backoff = 0;  // return_home's next try, and its doubling wait
   bool probe_alive = false;  // its source path's probes got through since its port was set
   bool probe_dead = false;   // down, and its probes were seen lost since (until they come back)
   // Its forward queue, from the host agent's probes of its source port.
@@ -324,7 +331,7 @@ struct Bundle {
   int cur = 0, last = kPrimary;
   uint32_t picks = 0;
   Ring<Copy> held;
-  uint64_t fences = 0, held_total = 0, to_primary = 0, splits = 0, segments = 0;
+  uint64_t fences = 0, held_total = 0, to_primary = 0, splits = 0, segments = 0, homecomings = 0;
   // Two-sided traffic: where it goes (the carrier: the application's QP
   // until it fails, then a shadow agreed with the peer), how many messages
   // that consume a receive were posted (cseq) and received (consumed),
@@ -959,8 +966,10 @@ void spread_over_routers(Bundle* b) {
                 b->pqp->qp_num, j.rail);
       continue;
     }
-    for (size_t k = 0; k < placed.size() && k < j.paths.size(); k++)
-      b->paths[j.paths[k]].flow_label = placed[k].first, b->paths[j.paths[k]].router = placed[k].second;
+    for (size_t k = 0; k < placed.size() && k < j.paths.size(); k++) {
+      Path& p = b->paths[j.paths[k]];
+      p.flow_label = placed[k].first, p.router = p.home = placed[k].second;
+    }
     log::info("{} QP {}: rail {}: {} shadows over {}", b->ctx->device, b->pqp->qp_num, j.rail, j.paths.size(), spread);
   }
 }
@@ -1179,7 +1188,8 @@ json answer_join(const json& req) {
     Path& p = b->paths.back();
     p.remote_qpn = h.qpn;
     p.remote_psn = h.psn;
-    if (!rail && own < static_cast<int>(placed.size())) p.flow_label = placed[own].first, p.router = placed[own].second;
+    if (!rail && own < static_cast<int>(placed.size()))
+      p.flow_label = placed[own].first, p.router = p.home = placed[own].second;
     if (!connect_shadow(b, p, &err)) {
       ibv_destroy_qp(p.qp);
       b->paths.pop_back();
@@ -1921,6 +1931,11 @@ struct After {
   std::vector<int> up;                    // renewed paths whose probe completed
 };
 
+// Takes path pi out of service: its in-flight work goes again elsewhere,
+// a carrier's after the peer agrees. counted: a failure (false: a planned
+// renewal, see return_home).
+void path_failed(Bundle* b, int pi, int status, After* a, bool counted = true);
+
 // The path's WRs in flight from index `from` on go back to the front of the
 // held queue, in order, to be posted again on live paths; an atomic gets
 // its error instead (it may have executed). Then the path has nothing in
@@ -1958,12 +1973,11 @@ size_t requeue(Bundle* b, int pi, size_t from) {
 void replay_local(Bundle* b, int pi) { requeue(b, pi, 0); }
 
 // A path failed (an error completion on it). Under b->lk.
-void path_failed(Bundle* b, int pi, int status, After* a) {
+void path_failed(Bundle* b, int pi, int status, After* a, bool counted) {
   Path& p = P(b, pi);
   if (p.down) return;
   p.down = true;
-  p.fails++;
-  b->failovers++;
+  if (counted) p.fails++, b->failovers++;
   a->down.emplace_back(pi, status);
   if (pi == b->carrier && !b->moving) {
     b->moving = true;  // two-sided work waits for the peer's agreement
@@ -2212,6 +2226,80 @@ void event_moved(Bundle* b, int from, int to, const json& info) {
                                 {"completed", info.value("completed", 0)}});
 }
 
+// The j-th candidate flow label of path p's next renewal (j = 0: the one
+// the hash alone would give it).
+uint32_t renewal_label(Bundle* b, const Path& p, int j) {
+  return flow_label_for(label_seed(b) + 7919u * (p.gen + (j == 0 ? 0 : 1)) + 104729u * static_cast<uint32_t>(j),
+                        static_cast<int>(&p - b->paths.data()));
+}
+
+constexpr int kRenewCandidates = 3;
+
+// Where the next renewal of each path in `idx` goes: kRenewCandidates
+// ports each, one discovery round for all (at most SHUNT_PATH_DISCOVERY_MS:
+// the peer may be waiting for the answer), and each path takes a port on
+// its home router if one answered, else on the router with the fewest of
+// the bundle's paths, else the hash's. Without a home (the hash placed it
+// at setup, or no discovery) nothing is chosen. Returns the paths that go
+// home. Not under b->lk; under b->move_mu.
+std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx) {
+  const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
+  std::vector<int> home_bound;
+  if (wait_ms <= 0) return home_bound;
+  struct Ask {
+    int i;
+    std::string home;
+    std::vector<uint32_t> labels;
+  };
+  std::map<int, std::vector<Ask>> by_rail;
+  std::map<std::string, int> load;  // paths per router now
+  std::map<int, std::pair<std::string, std::string>> ends;
+  {
+    std::lock_guard g(b->mu);
+    std::lock_guard l(b->lk);
+    for (const auto& p : b->paths)
+      if (!p.router.empty()) load[p.router]++;
+    for (int i : idx) {
+      Path& p = b->paths[i];
+      p.next_label = 0;
+      if (p.home.empty() || p.rail < 0 || p.rail >= static_cast<int>(b->rails.size())) continue;
+      std::string lip, rip;
+      if (!gid_v4(b->rails[p.rail].lgid, &lip) || !gid_v4(b->rails[p.rail].rgid, &rip)) continue;
+      ends[p.rail] = {lip, rip};
+      if (!p.router.empty()) load[p.router]--;  // it leaves its router
+      Ask a{i, p.home, {}};
+      for (int j = 1; j <= kRenewCandidates; j++) a.labels.push_back(renewal_label(b, p, j));
+      by_rail[p.rail].push_back(std::move(a));
+    }
+  }
+  for (auto& [rail, asks] : by_rail) {
+    std::vector<uint16_t> ports;
+    for (const auto& a : asks)
+      for (uint32_t fl : a.labels) ports.push_back(static_cast<uint16_t>(sport_of(fl)));
+    auto hops = hops_of_ports(ends[rail].first, ends[rail].second, ports, 2, wait_ms, wait_ms);
+    std::lock_guard l(b->lk);
+    size_t k = 0;
+    for (const auto& a : asks) {
+      int pick = -1;
+      for (int j = 0; j < kRenewCandidates && pick < 0; j++)
+        if (hops[k + j] == a.home) pick = j;
+      if (pick < 0)  // home is not answering: the router with the fewest paths
+        for (int j = 0; j < kRenewCandidates; j++)
+          if (!hops[k + j].empty() && (pick < 0 || load[hops[k + j]] < load[hops[k + pick]])) pick = j;
+      if (pick >= 0) {
+        const std::string& h = hops[k + pick];
+        Path& p = b->paths[a.i];
+        p.next_label = a.labels[pick];
+        p.next_router = h;
+        load[h]++;
+        if (h == a.home) home_bound.push_back(a.i);
+      }
+      k += kRenewCandidates;
+    }
+  }
+  return home_bound;
+}
+
 // Puts a shadow that failed back into service with a new flow label (so a
 // new ECMP path): both halves go through RESET to RTS with new PSNs, after
 // every completion of the old incarnation was polled. The path then waits
@@ -2228,8 +2316,15 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   }
   p.psn = random_psn();
   p.gen++;
-  p.flow_label = flow_label_for(label_seed(b) + 7919u * p.gen, static_cast<int>(&p - b->paths.data()));
-  p.router.clear();  // a new port: its router is not known
+  if (p.next_label) {  // chosen by where it goes (renewal_ports)
+    p.flow_label = p.next_label;
+    p.router = p.next_router;
+  } else {
+    p.flow_label = renewal_label(b, p, 0);
+    p.router.clear();  // a new port: its router is not known
+  }
+  p.next_label = 0;
+  p.next_router.clear();
   p.probe_alive = false;  // a new port: its probes start over
   p.probe_dead = false;
   return true;
@@ -2238,11 +2333,11 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
 // Stops the path: its QP to the error state and then RESET, so the device
 // makes no more completions for it; the caller then drains the CQs once
 // for all the paths it stopped. Under b->move_mu.
-bool quiesce_path(Bundle* b, int i, std::string* err) {
+bool quiesce_path(Bundle* b, int i, std::string* err, bool planned = false) {
   {
     std::lock_guard l(b->lk);
     After a;
-    if (!b->paths[i].down) path_failed(b, i, -1, &a);
+    if (!b->paths[i].down) path_failed(b, i, -1, &a, !planned);
     flush_held(b, b->ctx);
   }
   ibv_qp_attr a{};
@@ -2365,12 +2460,13 @@ void event_up(Bundle* b, int i) {
 
 // Renews the given failed paths together (one exchange with the peer).
 // Returns those back in service.
-std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::string* err) {
+std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::string* err, bool planned) {
   std::vector<int> ready;
   for (int i : want)
-    if (quiesce_path(b, i, err)) ready.push_back(i);
+    if (quiesce_path(b, i, err, planned)) ready.push_back(i);
   if (ready.empty()) return ready;
   drain(b);
+  if (!planned) renewal_ports(b, ready);  // (a planned one chose its ports already)
   json list = json::array();
   std::vector<int> reset;
   for (int i : ready)
@@ -2380,8 +2476,9 @@ std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::strin
     }
   std::vector<int> done;
   if (reset.empty()) return done;
-  auto r = ask_peer(b, {{"cmd", "path-renew"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"paths", list}}, 3000,
-                    err);
+  auto r = ask_peer(b,
+                    {{"cmd", "path-renew"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"paths", list}, {"planned", planned}},
+                    3000, err);
   if (!r || !r->contains("psns") || !(*r)["psns"].is_array()) {
     if (r) *err = r->dump();
     return done;
@@ -2413,9 +2510,15 @@ json answer_path_renew(const json& req) {
   }
   std::string err;
   std::vector<std::pair<int, uint32_t>> ready;
+  const bool planned = req.value("planned", false);
   for (auto [i, psn] : want)
-    if (quiesce_path(b, i, &err)) ready.emplace_back(i, psn);
-  if (!ready.empty()) drain(b);
+    if (quiesce_path(b, i, &err, planned)) ready.emplace_back(i, psn);
+  if (!ready.empty()) {
+    drain(b);
+    std::vector<int> idx;
+    for (auto [i, psn] : ready) idx.push_back(i);
+    renewal_ports(b, idx);  // this side's ports of those paths, by where they go
+  }
   json psns = json::array();
   for (auto [i, psn] : ready) {
     Path& p = b->paths[i];
@@ -2519,6 +2622,60 @@ void refresh_rkeys(Bundle* b) {
   flush_held(b, b->ctx);
 }
 
+// A renewal draws ports until one works: while a spine (or the link to
+// it) is dark, every shadow that fails lands on the other spine, and stays
+// there once it heals; a split job then moves what one spine carries.
+// Every kHomeCheckMs while no path is down, the shadows away from the
+// router discovery placed them on (their home) ask for ports there, and
+// those whose home answers again are renewed onto it together, planned:
+// their work goes to the others meanwhile, no failure is counted or
+// reported. The deciding side only (the peer renews its halves with
+// them, onto its own homes). Under b->move_mu.
+constexpr int64_t kHomeCheckMs = 2000;
+void return_home(Bundle* b) {
+  std::vector<int> away;
+  const int64_t now = mono_ms();
+  {
+    std::lock_guard l(b->lk);
+    for (size_t i = 0; i < b->paths.size(); i++) {
+      Path& p = b->paths[i];
+      if (p.home.empty()) continue;
+      if (p.router == p.home) p.home_backoff = 0;  // home: the next time away starts over
+      else if (static_cast<int>(i) != b->carrier && usable(p) && now >= p.home_after) away.push_back(static_cast<int>(i));
+    }
+  }
+  if (away.empty()) return;
+  std::vector<int> go = renewal_ports(b, away);
+  {
+    // Where the home router answers ICMP but the route drops RoCE, the path
+    // fails again at home: each path's tries back off, doubling to
+    // SHUNT_PATH_RETRY_MAX_MS.
+    std::lock_guard l(b->lk);
+    const int64_t cap = config().num(Param::path_retry_max_ms);
+    for (int i : away) {
+      Path& p = b->paths[i];
+      if (std::find(go.begin(), go.end(), i) == go.end()) {
+        p.next_label = 0;  // not going: its next renewal chooses again
+        continue;
+      }
+      p.home_backoff = p.home_backoff ? std::min<int64_t>(p.home_backoff * 2, cap) : kHomeCheckMs;
+      p.home_after = now + p.home_backoff;
+    }
+  }
+  if (go.empty()) return;
+  std::string err, list;
+  for (int i : go) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  log::info("{} QP {}: path(s) {} back to the router discovery placed them on", b->ctx->device, b->pqp->qp_num, list);
+  auto back = renew_paths(b, go, &err, true);
+  {
+    std::lock_guard l(b->lk);
+    b->homecomings += back.size();
+  }
+  if (back.size() < go.size())
+    log::info("{} QP {}: {} of {} paths renewed on their home router ({}); the rest fail and renew as any path",
+              b->ctx->device, b->pqp->qp_num, back.size(), go.size(), err);
+}
+
 // One thread per bundle once a path failed: moves the carrier and renews
 // failed shadows (the deciding side), or reports failures to the deciding
 // side (the other). Renewal retries back off exponentially to
@@ -2540,7 +2697,7 @@ void run_worker(Bundle* b) {
   std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
   std::vector<std::deque<int64_t>> fails(b->paths.size());
   std::vector<bool> was_down(b->paths.size(), false);
-  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0;
+  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0, next_home = 0;
   // Whether a path's probes are lost (probe_ask.h).
   ProbeAsk ask;
   const std::string shm_name = expand_pattern(config().str(Param::clock_shm), static_cast<int>(getpid()));
@@ -2683,9 +2840,13 @@ void run_worker(Bundle* b) {
       if (port_back && fails[i].size() < 3) due[i] = now;  // the backoff, not the damping, is cut short
       if (now >= due[i]) due_now.push_back(i);
     }
+    if (down.empty() && !need_move && now >= next_home) {
+      next_home = now + kHomeCheckMs;
+      return_home(b);
+    }
     if (due_now.empty()) continue;
     std::string err;
-    std::vector<int> back = renew_paths(b, due_now, &err);
+    std::vector<int> back = renew_paths(b, due_now, &err, false);
     for (int i : due_now) {
       if (std::find(back.begin(), back.end(), i) != back.end()) {
         was_down[i] = false;  // (its backoff is kept until its probe shows the route works)
@@ -3461,6 +3622,7 @@ json bundle_json(const QpRecord& r) {
                      {"remote_qpn", p.remote_qpn},
                      {"udp_sport", 0xC000 | p.flow_label},
                      {"router", p.router},
+                     {"home", p.home},
                      {"wrs", p.wrs},
                      {"bytes", p.bytes},
                      {"in_flight", p.posted - p.done},
@@ -3483,6 +3645,7 @@ json bundle_json(const QpRecord& r) {
           {"paths", paths},
           {"fences", b->fences},
           {"splits", b->splits},
+          {"homecomings", b->homecomings},
           {"segments", b->segments},
           {"steer", !b->split ? "-" : !b->steer ? "off" : !b->steer_queue ? "latency" : b->steer_owd ? "queue" : "queue-unknown"},
           {"spread", b->spread_auto ? "auto" : b->split ? "split" : b->flowlet ? "flowlet" : "pin"},

@@ -57,7 +57,7 @@ int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t l
 }
 
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
-                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms) {
+                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms) {
   std::vector<std::string> out(sports.size());
   sockaddr_in dst{}, src{};
   dst.sin_family = src.sin_family = AF_INET;
@@ -97,7 +97,8 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
   size_t left = pfd.size();
   while (left > 0) {
     int64_t now = mono_ms();
-    const int64_t end = discovery_deadline(start, wait_ms, static_cast<int>(routers.size()), last_new);
+    int64_t end = discovery_deadline(start, wait_ms, static_cast<int>(routers.size()), last_new);
+    if (max_ms >= 0) end = std::min(end, start + max_ms);
     if (now >= end) break;
     int n = poll(pfd.data(), pfd.size(), static_cast<int>(end - now));
     if (n <= 0) continue;

@@ -26,9 +26,9 @@ namespace shunt::verbs {
 // For each source port: the address of the router `ttl` hops out on the way
 // from local_ip to remote_ip:4791, or "" (no answer in time, the port taken
 // by another socket, or the datagram reached the peer itself). It waits
-// until discovery_deadline.
+// until discovery_deadline, or at most max_ms where that is >= 0.
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
-                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms);
+                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms = -1);
 
 // How long hops_of_ports waits for answers, started at start_ms, with
 // `routers` distinct routers heard so far, the last new one at last_new_ms:
