@@ -2237,12 +2237,16 @@ constexpr int kRenewCandidates = 3;
 
 // Where the next renewal of each path in `idx` goes: kRenewCandidates
 // ports each, one discovery round for all (at most SHUNT_PATH_DISCOVERY_MS:
-// the peer may be waiting for the answer), and each path takes a port on
+// the peer may be waiting for the answer). home (return_home): a port on
 // its home router if one answered, else on the router with the fewest of
-// the bundle's paths, else the hash's. Without a home (the hash placed it
-// at setup, or no discovery) nothing is chosen. Returns the paths that go
-// home. Not under b->lk; under b->move_mu.
-std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx) {
+// the bundle's paths. Else (a failure) the first candidate some router
+// answered for, a fresh draw of the hash among the routers that answer:
+// discovery sees 2 hops out only, and a dark link further on (towards the
+// peer's leaf) would catch a path sent home every time. No answer: the
+// hash's. Without a home (the hash placed it at setup, or no discovery)
+// nothing is chosen. Returns the paths whose port is on their home router.
+// Not under b->lk; under b->move_mu.
+std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home) {
   const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
   std::vector<int> home_bound;
   if (wait_ms <= 0) return home_bound;
@@ -2281,11 +2285,11 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx) {
     size_t k = 0;
     for (const auto& a : asks) {
       int pick = -1;
-      for (int j = 0; j < kRenewCandidates && pick < 0; j++)
+      for (int j = 0; j < kRenewCandidates && pick < 0 && home; j++)
         if (hops[k + j] == a.home) pick = j;
-      if (pick < 0)  // home is not answering: the router with the fewest paths
+      if (pick < 0)  // home is not asked for or not answering: the router with the fewest paths, or any
         for (int j = 0; j < kRenewCandidates; j++)
-          if (!hops[k + j].empty() && (pick < 0 || load[hops[k + j]] < load[hops[k + pick]])) pick = j;
+          if (!hops[k + j].empty() && (pick < 0 || (home && load[hops[k + j]] < load[hops[k + pick]]))) pick = j;
       if (pick >= 0) {
         const std::string& h = hops[k + pick];
         Path& p = b->paths[a.i];
@@ -2466,7 +2470,7 @@ std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::strin
     if (quiesce_path(b, i, err, planned)) ready.push_back(i);
   if (ready.empty()) return ready;
   drain(b);
-  if (!planned) renewal_ports(b, ready);  // (a planned one chose its ports already)
+  if (!planned) renewal_ports(b, ready, false);  // (a planned one chose its ports already)
   json list = json::array();
   std::vector<int> reset;
   for (int i : ready)
@@ -2517,7 +2521,7 @@ json answer_path_renew(const json& req) {
     drain(b);
     std::vector<int> idx;
     for (auto [i, psn] : ready) idx.push_back(i);
-    renewal_ports(b, idx);  // this side's ports of those paths, by where they go
+    renewal_ports(b, idx, planned);  // this side's ports of those paths, by where they go
   }
   json psns = json::array();
   for (auto [i, psn] : ready) {
@@ -2645,7 +2649,7 @@ void return_home(Bundle* b) {
     }
   }
   if (away.empty()) return;
-  std::vector<int> go = renewal_ports(b, away);
+  std::vector<int> go = renewal_ports(b, away, true);
   {
     // Where the home router answers ICMP but the route drops RoCE, the path
     // fails again at home: each path's tries back off, doubling to
