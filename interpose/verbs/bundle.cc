@@ -1537,9 +1537,9 @@ constexpr double kAutoMargin = 0.05;   // the other mode takes over only when th
 
 // Nothing of the bundle in flight or waiting. Under b->lk.
 bool bundle_drained(const Bundle* b) {
-  if (!b->held.empty() || b->prim.posted != b->prim.done) return false;
+  if (!b->held.empty() || !drained(b->prim)) return false;
   for (const auto& p : b->paths)
-    if (p.posted != p.done) return false;
+    if (!drained(p)) return false;
   return true;
 }
 
