@@ -2227,9 +2227,10 @@ void event_moved(Bundle* b, int from, int to, const json& info) {
 }
 
 // The j-th candidate flow label of path p's next renewal (j = 0: the one
-// the hash alone would give it).
-uint32_t renewal_label(Bundle* b, const Path& p, int j) {
-  return flow_label_for(label_seed(b) + 7919u * (p.gen + (j == 0 ? 0 : 1)) + 104729u * static_cast<uint32_t>(j),
+// the hash alone would give it), for the draw `salt` (candidates that all
+// missed a router must not be asked again for ever).
+uint32_t renewal_label(Bundle* b, const Path& p, int j, uint32_t salt = 0) {
+  return flow_label_for(label_seed(b) + 7919u * (p.gen + (j == 0 ? 0 : 1)) + 104729u * static_cast<uint32_t>(j) + salt,
                         static_cast<int>(&p - b->paths.data()));
 }
 
@@ -2261,6 +2262,7 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home
   {
     std::lock_guard g(b->mu);
     std::lock_guard l(b->lk);
+    const uint32_t salt = static_cast<uint32_t>(b->rng()) * 2u;  // even: j * 104729 + salt stays distinct from j = 0's
     for (const auto& p : b->paths)
       if (!p.router.empty()) load[p.router]++;
     for (int i : idx) {
@@ -2272,7 +2274,7 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home
       ends[p.rail] = {lip, rip};
       if (!p.router.empty()) load[p.router]--;  // it leaves its router
       Ask a{i, p.home, {}};
-      for (int j = 1; j <= kRenewCandidates; j++) a.labels.push_back(renewal_label(b, p, j));
+      for (int j = 1; j <= kRenewCandidates; j++) a.labels.push_back(renewal_label(b, p, j, salt));
       by_rail[p.rail].push_back(std::move(a));
     }
   }

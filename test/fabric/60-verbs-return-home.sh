@@ -7,7 +7,9 @@
 # works, so all end up crossing s2. After the link heals, the shadows away
 # from the router discovery placed them on are renewed onto it (planned:
 # no failure counted), and both spines carry h1's data again: each at least
-# a fifth of it over the last 5 s (without the homecoming: s1 ~0.2%).
+# a tenth of it over 5 s from 20 s after the heal (without the homecoming:
+# s1 ~0.2%; with it 24-47% at 12 s, the spines' ICMP rate limit letting
+# about one shadow a second come home).
 # Checked too: #wrong 0, no error seen by the application, at least one
 # homecoming.
 . "$(dirname "$0")/lib.sh"
@@ -22,7 +24,7 @@ for r in 1 0; do
   fab exec "h$((r + 1))" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=split \
     SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8 SHUNT_LOG_LEVEL=info \
     SHUNT_STATS_FILE=/tmp/home$r.json "$BENCH" --rank $r --world 2 --bootstrap "$a1:29960" \
-    --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K --duration 42 -w 2 -c 1 --seg 256K \
+    --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K --duration 50 -w 2 -c 1 --seg 256K \
     > "$TMP/home$r.out" 2>&1 &
   pids+=($!)
 done
@@ -34,11 +36,11 @@ note "l1r0-s1 black-holed"
 sleep 10
 fab fault blackhole --off l1r0-s1 >/dev/null || fail "unblackhole"
 note "l1r0-s1 back"
-sleep 12
+sleep 20
 snap b0; sleep 5; snap b1
 for p in "${pids[@]}"; do wait "$p" || { cat "$TMP/home0.out" "$TMP/home1.out"; fail "a rank failed"; }; done
 s1=$(delta b0 b1 l1r0-s1 up_bytes) s2=$(delta b0 b1 l1r0-s2 up_bytes)
-echo "after:  s1 $s1 B, s2 $s2 B (5 s, from 12 s after the link came back)"
+echo "after:  s1 $s1 B, s2 $s2 B (5 s, from 20 s after the link came back)"
 grep -h 'renewed on\|failed (' "$TMP/home0.out" | head -20
 grep -h 'back to the router\|home router' "$TMP/home0.out" "$TMP/home1.out" || true
 grep -v '^#' "$TMP/home0.out" | awk 'NF == 9 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
@@ -56,6 +58,6 @@ for q in json.load(sys.stdin)["verbs"]["qps"]:
         break')
 echo "h1: $home homecomings, $fails failures over $paths paths"
 [ "${home:-0}" -ge 1 ] || fail "no shadow went back to its router"
-[ $((s1 * 5)) -ge $((s1 + s2)) ] && [ $((s2 * 5)) -ge $((s1 + s2)) ] ||
+[ $((s1 * 10)) -ge $((s1 + s2)) ] && [ $((s2 * 10)) -ge $((s1 + s2)) ] ||
   fail "after the link healed h1's data stayed on one spine (s1 $s1 B, s2 $s2 B)"
 echo ok
