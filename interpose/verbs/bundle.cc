@@ -2262,7 +2262,7 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home
   {
     std::lock_guard g(b->mu);
     std::lock_guard l(b->lk);
-    const uint32_t salt = static_cast<uint32_t>(b->rng()) * 2u;  // even: j * 104729 + salt stays distinct from j = 0's
+    const uint32_t salt = static_cast<uint32_t>(b->rng());  // a fresh draw of candidates each round
     for (const auto& p : b->paths)
       if (!p.router.empty()) load[p.router]++;
     for (int i : idx) {
