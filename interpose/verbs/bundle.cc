@@ -176,6 +176,7 @@ struct Path {
   bool down = false;  // failed: not posted to until renewed; its errors never reach the application
   bool probation = false;  // renewed: used once its probe completed
   bool renewed = false;    // renewed and not yet seen to work (its probe's completion is its path_up)
+  bool planned_down = false;  // stopped by a planned carrier move (steering), not a failure
   int64_t probe_ms = 0;    // when its probe went out
   // Stall watch: the last `done` it saw, and since when it has not moved.
   uint64_t watch_done = 0;
@@ -315,6 +316,18 @@ struct Bundle {
   bool steer = false, steer_queue = false, steer_owd = false;
   std::mt19937 rng{std::random_device{}()};
   uint64_t steer_steps = 0, steer_reversals = 0;
+  // Steering a pinned bundle (SHUNT_SPREAD=pin, SHUNT_STEER=queue): the
+  // carrier moves whole off a congested path to a clear one (steer.h).
+  // The deciding side holds the peer's verdicts on its halves' forward
+  // queues (path -> 0 clear, 1 congested), as told at peer_view_ms; the
+  // other side what it told last, and when.
+  bool carrier_steer = false;
+  CarrierHold chold;
+  std::map<int, int> peer_view;
+  int64_t peer_view_ms = 0;
+  std::string view_sent;
+  int64_t view_sent_ms = 0;
+  uint64_t carrier_steers = 0;
   // Stall watch: every usable path stalled at its last look (none failed
   // for it), and how many times that began.
   bool all_stalled = false;
@@ -733,6 +746,7 @@ void activate(Bundle* b) {
     b->spread_auto = config().num(Param::spread) == 3;
     b->steer = config().num(Param::steer) != 0;
     b->steer_queue = config().num(Param::steer) == 2;
+    b->carrier_steer = b->steer_queue && !b->split && !b->flowlet;
     b->split_min = static_cast<uint64_t>(config().num(Param::split_min_bytes));
     b->prim.qp = b->pqp;
     b->prim.qpn = b->pqp->qp_num;
@@ -886,7 +900,8 @@ void wake_worker(Bundle* b);
 // A probed bundle's failover worker runs from the start, before any
 // failure: it asks the host agent what the probes of its shadows' source
 // ports say, fails a path whose probes are lost (fail_silent_paths), and
-// steers a split bundle by the paths' queues (steer_tick).
+// steers a split bundle by the paths' queues (steer_tick) or moves a pinned
+// one's carrier off a congested path (carrier_steer_tick).
 void start_steering(Bundle* b) {
   bool probed;
   {
@@ -1402,6 +1417,102 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
                              {"to", to},
                              {"steps", steps},
                              {"paths", paths}});
+}
+
+// Steering a pinned bundle (steer.h): every SHUNT_STEER_INTERVAL_MS, each
+// end's verdicts on its halves' forward queues (its host agent's probes of
+// their source ports, the application QP's included). The other side tells
+// the deciding side its own when they change (else every 2 s); the
+// deciding side returns the path to move the carrier to once the hold has
+// passed, else -1, with the queues that made it in *why. Never under the
+// data path's lock across a request.
+int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why) {
+  auto verdict = [&](int rail, uint32_t sport) {
+    if (!sport) return -1;
+    auto it = stats.find({rail, sport});
+    if (it == stats.end() || !it->second.value("alive", false) || !it->second.contains("fwd_queue")) return -1;
+    const json& q = it->second["fwd_queue"];
+    if (!q.value("ready", false)) return -1;
+    return q.value("congested", false) ? 1 : 0;
+  };
+  auto excess = [&](int rail, uint32_t sport) {
+    auto it = stats.find({rail, sport});
+    return it == stats.end() ? 0.0 : it->second.value("fwd_queue", json::object()).value("excess_ns", 0.0);
+  };
+  const int64_t now = mono_ms();
+  json view = json::object();
+  int target = -1;
+  {
+    std::lock_guard l(b->lk);
+    if (b->moving || b->need_move || b->gave_up) return -1;
+    CarrierView c;
+    std::vector<CarrierView> others;
+    const bool fresh = now - b->peer_view_ms < 3000;
+    auto peer_of = [&](int i) {
+      auto it = b->peer_view.find(i);
+      return fresh && it != b->peer_view.end() ? it->second : -1;
+    };
+    auto fill = [&](CarrierView& v, int i) {
+      const Path& p = P(b, i);
+      const uint32_t sport = i == kPrimary ? path_sport(p) : 0xC000 | p.flow_label;
+      v.path = i;
+      v.usable = usable(p);
+      v.own = v.usable ? verdict(i == kPrimary ? 0 : p.rail, sport) : -1;
+      v.peer = peer_of(i);
+      v.excess_ns = excess(i == kPrimary ? 0 : p.rail, sport);
+      if (v.own >= 0) view[std::to_string(i)] = v.own;
+    };
+    if (!b->prim.down) {
+      CarrierView v;
+      fill(v, kPrimary);
+      if (b->carrier == kPrimary) c = v;
+    }
+    for (size_t i = 0; i < b->paths.size(); i++) {
+      CarrierView v;
+      fill(v, static_cast<int>(i));
+      if (static_cast<int>(i) == b->carrier) c = v;
+      else others.push_back(v);
+    }
+    if (decides) {
+      target = b->chold.tick(now, carrier_target(c, others, b->rng), b->rng);
+      if (target >= 0) {
+        auto q = [&](const CarrierView& v) {
+          return json{{"path", v.path}, {"queue_us", v.excess_ns / 1000}, {"own", v.own}, {"peer", v.peer}};
+        };
+        json o = json::array();
+        for (const auto& v : others)
+          if (v.path == target) o = q(v);
+        *why = {{"carrier", q(c)}, {"to", o}, {"hold_window_ms", b->chold.window_ms()}};
+      }
+      return target;
+    }
+    const std::string d = view.dump();
+    if (d == b->view_sent && now - b->view_sent_ms < 2000) return -1;
+    b->view_sent = d;
+    b->view_sent_ms = now;
+  }
+  std::string err;
+  ask_peer(b, {{"cmd", "steer-view"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"view", view}}, 1000, &err);
+  return -1;
+}
+
+json answer_steer_view(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  const json& v = req.contains("view") ? req["view"] : json();
+  if (!v.is_object() || v.size() > 4096) return {{"error", "view: an object of path -> 0 or 1 expected"}};
+  std::map<int, int> m;
+  for (const auto& [k, x] : v.items()) {
+    char* end = nullptr;
+    long i = std::strtol(k.c_str(), &end, 10);
+    if (end == k.c_str() || *end || i < kPrimary || i > 4096 || !x.is_number_integer() || (x != 0 && x != 1))
+      return {{"error", "view: an object of path -> 0 or 1 expected"}};
+    m[static_cast<int>(i)] = x.get<int>();
+  }
+  std::lock_guard l(b->lk);
+  b->peer_view = std::move(m);
+  b->peer_view_ms = mono_ms();
+  return {{"ok", true}};
 }
 
 bool signaled(const Bundle* b, const ibv_send_wr& w) {
@@ -2019,13 +2130,15 @@ void drain(Bundle* b) {
 
 // Stops the carrier: no more two-sided work on it, its QP to the error
 // state, and every completion it made polled. Returns the old carrier.
-int begin_move(Bundle* b) {
+int begin_move(Bundle* b, bool planned = false) {
   int from;
   {
     std::lock_guard l(b->lk);
     b->moving = true;
     from = b->carrier;
-    if (!P(b, from).down) P(b, from).down = true, P(b, from).fails++, b->failovers++;
+    Path& o = P(b, from);
+    if (!o.down && planned) o.down = o.planned_down = true;
+    else if (!o.down) o.down = true, o.fails++, b->failovers++;
     b->rcarrier = kNone;
   }
   ibv_qp_attr a{};
@@ -2214,7 +2327,35 @@ void event_all_stalled(Bundle* b, size_t n) {
                                    {"paths", n}});
 }
 
-void event_moved(Bundle* b, int from, int to, const json& info) {
+void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false) {
+  if (planned) {
+    {
+      std::lock_guard l(b->lk);
+      b->carrier_steers++;
+    }
+    log::info("{} QP {}: steering moved its work from {} (its queue is congested) to path {}: {} WRs posted again",
+              b->ctx->device, b->pqp->qp_num,
+              from == kPrimary ? std::string("the application's QP") : "path " + std::to_string(from), to,
+              info.value("replayed", 0));
+    // Why (the deciding side's event only): the carrier's queue in our
+    // direction and the peer's verdict on its own (-1 not known, 0 clear,
+    // 1 congested), the target's likewise, and the hold's window.
+    const json why = info.contains("why") && info["why"].is_object() ? info["why"] : json::object();
+    const json c = why.value("carrier", json::object()), t = why.value("to", json::object());
+    telemetry::event("steer-carrier", {{"device", static_cast<const char*>(b->ctx->device)},
+                                       {"qpn", b->pqp->qp_num},
+                                       {"from", from},
+                                       {"to", to},
+                                       {"replayed", info.value("replayed", 0)},
+                                       {"deciding", !why.empty()},
+                                       {"from_queue_us", c.value("queue_us", 0.0)},
+                                       {"from_own", c.value("own", -1)},
+                                       {"from_peer", c.value("peer", -1)},
+                                       {"to_queue_us", t.value("queue_us", 0.0)},
+                                       {"to_peer", t.value("peer", -1)},
+                                       {"hold_window_ms", why.value("hold_window_ms", 0)}});
+    return;
+  }
   log::warn("{} QP {}: two-sided work moved from {} to path {}: {} WRs replayed, {} completions owed", b->ctx->device,
             b->pqp->qp_num, from == kPrimary ? std::string("the application's QP") : "path " + std::to_string(from),
             to, info.value("replayed", 0), info.value("completed", 0));
@@ -2333,6 +2474,7 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   p.next_router.clear();
   p.probe_alive = false;  // a new port: its probes start over
   p.probe_dead = false;
+  p.planned_down = false;
   return true;
 }
 
@@ -2538,37 +2680,59 @@ json answer_path_renew(const json& req) {
 }
 
 // Moves two-sided work off a failed carrier (the deciding side). Returns
-// false to try again later (no live path yet).
-bool do_move(Bundle* b) {
+// false to try again later (no live path yet). planned_to >= 0: steering
+// moves it off a live carrier to that path (why: the queues that made it),
+// counting no failure; where that path does not answer its probe nothing
+// moves, and where the peer does not agree after the carrier stopped, the
+// move goes on as a failover's.
+bool do_move(Bundle* b, int planned_to = -1, const json& why = nullptr) {
+  const bool planned = planned_to >= 0;
   {
     std::lock_guard l(b->lk);
     if (b->gave_up) return true;
+    if (planned && (b->moving || b->need_move || planned_to >= static_cast<int>(b->paths.size()) ||
+                    planned_to == b->carrier || !usable(b->paths[planned_to])))
+      return true;
   }
   if (!b->tracking.load()) {
+    if (planned) return true;  // its receives cannot move: it stays
     give_up(b, "the QP uses a shared receive queue: its receives cannot move");
     return true;
   }
   std::vector<int> cand;
-  {
+  if (planned) {
+    cand.push_back(planned_to);
+  } else {
     std::lock_guard l(b->lk);
     for (size_t i = 0; i < b->paths.size(); i++)
       if (usable(b->paths[i])) cand.push_back(static_cast<int>(i));
   }
   if (cand.empty()) return false;
-  int from = begin_move(b);
-  // Only paths that answer a probe now: a path that carried nothing since
-  // the fault looks usable but may sit behind it.
-  cand = answering(b, cand, 300);
-  if (cand.empty()) return false;
+  int from;
+  if (planned) {
+    // Before the carrier stops: a path that does not answer is no place to go.
+    if (answering(b, cand, 300).empty()) return true;
+    from = begin_move(b, true);
+  } else {
+    from = begin_move(b);
+    // Only paths that answer a probe now: a path that carried nothing since
+    // the fault looks usable but may sit behind it.
+    cand = answering(b, cand, 300);
+    if (cand.empty()) return false;
+  }
   std::string err;
   auto prep = ask_peer(b,
                        {{"cmd", "carrier-prepare"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
-                        {"candidates", cand}, {"down", down_list(b)}},
+                        {"candidates", cand}, {"down", down_list(b)}, {"planned", planned}},
                        10000, &err);
   if (!prep || !prep->contains("to")) {
     if (prep) mark_down(b, b->ctx, prep->value("down", json::array()));
     log::warn("{} QP {}: the peer did not agree on a new path yet: {}", b->ctx->device, b->pqp->qp_num,
               prep ? prep->dump() : err);
+    if (planned) {  // the carrier is stopped: it moves as after a failure now
+      std::lock_guard l(b->lk);
+      b->need_move = true;
+    }
     return false;
   }
   mark_down(b, b->ctx, prep->value("down", json::array()));
@@ -2588,13 +2752,14 @@ bool do_move(Bundle* b) {
     return true;
   }
   auto ok = ask_peer(b, {{"cmd", "carrier-commit"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"to", to},
-                         {"consumed", mine}},
+                         {"consumed", mine}, {"planned", planned}},
                      10000, &err);
   if (!ok || !ok->value("ok", false)) {
     give_up(b, "the peer did not take the new path: " + (ok ? ok->dump() : err));
     return true;
   }
-  event_moved(b, from, to, info);
+  info["why"] = why;
+  event_moved(b, from, to, info, planned);
   return true;
 }
 
@@ -2743,7 +2908,9 @@ void run_worker(Bundle* b) {
       // Renewed shadows: their new ports (nothing to ask while unchanged).
       if (register_probe_paths(b)) ask.ports_registered();
     }
-    const bool steer_due = probed && b->split && b->steer_queue && t >= next_steer;
+    const bool steer_due = probed && (b->split || b->carrier_steer) && b->steer_queue && t >= next_steer;
+    int steer_to = -1;
+    json steer_why;
     bool check_due = false;
     if (probed) {
       if (ask.regular(t) && !shm_name.empty() && (!counts_open || counts.replaced(shm_name)))
@@ -2755,7 +2922,8 @@ void run_worker(Bundle* b) {
       ProbeStats st;
       if (probe_stats(b, &st)) {
         if (check_due) fail_silent_paths(b, st);
-        if (steer_due) steer_tick(b, st);
+        if (steer_due && b->split) steer_tick(b, st);
+        else if (steer_due) steer_to = carrier_steer_tick(b, st, decides, &steer_why);
       } else if (check_due) {
         ask.unanswered(t);
       }
@@ -2763,6 +2931,7 @@ void run_worker(Bundle* b) {
     bool need_move, gave_up;
     std::vector<int> down;
     std::vector<bool> unproven(b->paths.size(), false);  // renewed, and failed before its probe came back
+    std::vector<bool> planned(b->paths.size(), false);   // stopped by a steering move, not failed
     // The whole round under move_mu: bundle_on_destroy takes it before it
     // destroys the shadows, so no round touches a destroyed QP or CQ.
     std::unique_lock m(b->move_mu);
@@ -2778,6 +2947,7 @@ void run_worker(Bundle* b) {
         if (b->paths[i].down && static_cast<int>(i) != b->carrier) {
           down.push_back(static_cast<int>(i));
           unproven[i] = b->paths[i].renewed;
+          planned[i] = b->paths[i].planned_down;
         }
     }
     if (gave_up) return;
@@ -2808,11 +2978,18 @@ void run_worker(Bundle* b) {
                            {"carrier", carrier}, {"down", down_list(b)}},
                           10000, &err);
         if (!r || !r->value("ok", false)) give_up(b, "the peer's shim cannot be reached: " + (r ? r->dump() : err));
-      } else if (down != reported) {
-        std::string err;
-        auto r = ask_peer(b, {{"cmd", "path-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"down", down}},
-                          3000, &err);
-        if (r) reported = down;
+      } else {
+        // A steering move's old carrier is no failure: the deciding side
+        // renews it with its own half.
+        std::vector<int> failed;
+        for (int i : down)
+          if (!planned[i]) failed.push_back(i);
+        if (failed != reported) {
+          std::string err;
+          auto r = ask_peer(b, {{"cmd", "path-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"down", failed}},
+                            3000, &err);
+          if (r) reported = failed;
+        }
       }
       continue;
     }
@@ -2828,12 +3005,19 @@ void run_worker(Bundle* b) {
         return;
       }
     }
+    if (steer_to >= 0 && !need_move) {
+      do_move(b, steer_to, steer_why);
+      std::lock_guard l(b->lk);
+      b->chold.moved(mono_ms());
+    }
     const bool port_back = b->renew_now.exchange(false);
     std::vector<int> due_now;
     for (int i : down) {
       if (!was_down[i]) {  // a new failure: when to try again
         was_down[i] = true;
-        if (unproven[i]) {  // the route is still dead: back off further
+        if (planned[i]) {  // the old carrier of a steering move: renewed now, nothing counted
+          due[i] = now;
+        } else if (unproven[i]) {  // the route is still dead: back off further
           due[i] = now + backoff[i];
           backoff[i] = std::min<int64_t>(backoff[i] * 2, cap);
         } else {  // it had worked: a failure that counts for the damping
@@ -3272,7 +3456,7 @@ json answer_carrier_prepare(const json& req) {
   }
   if (to < 0) return {{"error", "none of those paths is alive here"}, {"down", down_list(b)}};
   if (!b->tracking.load()) return {{"error", "the QP uses a shared receive queue: its receives cannot move"}};
-  b->pending_from = begin_move(b);
+  b->pending_from = begin_move(b, req.value("planned", false));
   int64_t mine = move_receives(b, to);
   if (mine < 0) {
     std::thread(give_up, b, std::string("the receives could not move")).detach();
@@ -3295,7 +3479,7 @@ json answer_carrier_commit(const json& req) {
     std::thread(give_up, b, info.value("error", std::string("?"))).detach();
     return {{"error", info.value("error", "")}};
   }
-  event_moved(b, from, to, info);
+  event_moved(b, from, to, info, req.value("planned", false));
   wake_worker(b);  // to report or renew the old carrier (or the new one, failed already)
   return {{"ok", true}};
 }
@@ -3653,7 +3837,7 @@ json bundle_json(const QpRecord& r) {
           {"splits", b->splits},
           {"homecomings", b->homecomings},
           {"segments", b->segments},
-          {"steer", !b->split ? "-" : !b->steer ? "off" : !b->steer_queue ? "latency" : b->steer_owd ? "queue" : "queue-unknown"},
+          {"steer", b->carrier_steer ? "queue-carrier" : !b->split ? "-" : !b->steer ? "off" : !b->steer_queue ? "latency" : b->steer_owd ? "queue" : "queue-unknown"},
           {"spread", b->spread_auto ? "auto" : b->split ? "split" : b->flowlet ? "flowlet" : "pin"},
           {"auto", !b->spread_auto ? json(nullptr)
                                    : json{{"now", b->auto_best < 0 ? "trying" : b->auto_best ? "split" : "pin"},
@@ -3662,6 +3846,7 @@ json bundle_json(const QpRecord& r) {
                                           {"split_periods", b->auto_periods[1]},
                                           {"pin_periods", b->auto_periods[0]}}},
           {"steer_steps", b->steer_steps},
+          {"carrier_steers", b->carrier_steers},
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
           {"held", b->held_total},
@@ -3721,6 +3906,7 @@ json answer(const json& req, const std::string& cmd) {
     if (cmd == "carrier-commit") return answer_carrier_commit(req);
     if (cmd == "path-renew") return answer_path_renew(req);
     if (cmd == "path-down") return answer_path_down(req);
+    if (cmd == "steer-view") return answer_steer_view(req);
     if (cmd == "bundle-rkeys") {
       Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
       if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};

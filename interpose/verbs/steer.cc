@@ -63,4 +63,32 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   return r;
 }
 
+int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng) {
+  if (carrier.own != 1 && carrier.peer != 1) return -1;
+  std::vector<int> clear;
+  for (const auto& o : others)
+    if (o.path != carrier.path && o.usable && o.own == 0 && o.peer != 1) clear.push_back(o.path);
+  if (clear.empty()) return -1;
+  return clear[std::uniform_int_distribution<size_t>(0, clear.size() - 1)(rng)];
+}
+
+int CarrierHold::tick(int64_t now_ms, int target, std::mt19937& rng) {
+  if (target < 0 || now_ms < after_) {
+    since_ = 0;  // the condition broke: a new hold, drawn anew, when it returns
+    return -1;
+  }
+  if (!since_) {
+    since_ = now_ms;
+    wait_ = std::uniform_int_distribution<int64_t>(kCarrierHoldMinMs, max_ - 1)(rng);
+  }
+  return now_ms - since_ >= wait_ ? target : -1;
+}
+
+void CarrierHold::moved(int64_t now_ms) {
+  max_ = last_move_ && now_ms - last_move_ < kCarrierCalmMs ? std::min(max_ * 2, kCarrierHoldCapMs) : kCarrierHoldMaxMs;
+  last_move_ = now_ms;
+  since_ = 0;
+  after_ = now_ms + kCarrierDwellMs;
+}
+
 }  // namespace shunt::verbs

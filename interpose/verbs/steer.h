@@ -46,6 +46,58 @@ struct SteerResult {
 // their mean.
 SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::mt19937& rng);
 
+// Steering a pinned bundle (SHUNT_SPREAD=pin with SHUNT_STEER=queue): its
+// work stays on one path, the carrier, and moves whole to another path
+// when the carrier's queue is congested and another path's is not (two
+// jobs whose QPs share a spine while the other idles). Where every path
+// queues (each job fills its own spine) nothing moves: a busy spine is no
+// better. Each end judges its own direction (the forward queues its host
+// agent measures on its halves' source ports); the deciding side hears the
+// other's verdicts.
+struct CarrierView {
+  int path = -1;       // the bundle's path index (the application's QP: kPrimary)
+  bool usable = true;  // up and off probation
+  int own = -1;        // our forward queue: -1 not known, 0 clear, 1 congested
+  int peer = -1;       // the peer's, the same way
+  double excess_ns = 0;
+};
+
+// The path the carrier should move to now, or -1: the carrier is congested
+// in either direction, and the target is clear in ours and not congested in
+// the peer's. Among several clear ones, a random one (bundles of two jobs
+// on the same spine should not both pick the same free path every time).
+int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng);
+
+// The hold before a move: the carrier must stay congested with a clear
+// path for a random time in [kCarrierHoldMinMs, max) (so of two jobs that
+// met on one spine, one moves first, and the other's probes see the spine
+// it would take fill before its own hold ends). max starts at
+// kCarrierHoldMaxMs and doubles, to kCarrierHoldCapMs, with each move that
+// follows the last within kCarrierCalmMs: two jobs that moved together
+// and met again draw from ever wider windows, as Ethernet's backoff does.
+// After a move the bundle stays for at least kCarrierDwellMs: a move costs
+// a drain, and the queues need a few probe rounds to show where the work
+// went.
+constexpr int64_t kCarrierHoldMinMs = 500;
+constexpr int64_t kCarrierHoldMaxMs = 8000;
+constexpr int64_t kCarrierHoldCapMs = 32000;
+constexpr int64_t kCarrierCalmMs = 30000;
+constexpr int64_t kCarrierDwellMs = 5000;
+
+// That timing, per bundle: tick() with carrier_target's answer every
+// steering round returns the path to move to once the hold has passed
+// (the answer of that round, which may differ from the first), else -1.
+class CarrierHold {
+ public:
+  int tick(int64_t now_ms, int target, std::mt19937& rng);
+  void moved(int64_t now_ms);
+  bool holding() const { return since_ != 0; }
+  int64_t window_ms() const { return max_; }
+
+ private:
+  int64_t since_ = 0, wait_ = 0, after_ = 0, last_move_ = 0, max_ = kCarrierHoldMaxMs;
+};
+
 constexpr double kSteerGain = 0.2;
 constexpr double kTrendNs = 250e6;
 constexpr double kMaxStep = 0.3;
