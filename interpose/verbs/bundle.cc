@@ -328,6 +328,7 @@ struct Bundle {
   std::string view_sent;
   int64_t view_sent_ms = 0;
   uint64_t carrier_steers = 0;
+  bool prim_router_asked = false;  // path discovery for the application QP's own port (once)
   // Stall watch: every usable path stalled at its last look (none failed
   // for it), and how many times that began.
   bool all_stalled = false;
@@ -939,6 +940,31 @@ std::vector<std::pair<uint32_t, std::string>> pick_ports(std::vector<uint16_t> p
   return out;
 }
 
+// The answering side's order of its placed ports: pick_ports takes the
+// routers in turn (path k on router k % R, as the deciding side's halves);
+// here path k gets router (k / R) % R, so that over R x R paths the two
+// halves of the bundle's paths meet every pair of routers (a pinned
+// carrier steered off a congested spine in one direction keeps its spine
+// in the other: two jobs on one pair of hosts can collide each way).
+std::vector<std::pair<uint32_t, std::string>> cross_order(const std::vector<std::pair<uint32_t, std::string>>& placed) {
+  std::vector<std::string> routers;
+  std::map<std::string, std::deque<size_t>> by;
+  for (size_t k = 0; k < placed.size(); k++) {
+    if (!by.count(placed[k].second)) routers.push_back(placed[k].second);
+    by[placed[k].second].push_back(k);
+  }
+  const size_t r = routers.size();
+  if (r < 2) return placed;
+  std::vector<std::pair<uint32_t, std::string>> out;
+  for (size_t k = 0; k < placed.size(); k++) {
+    auto* q = &by[routers[(k / r) % r]];
+    for (size_t j = 0; q->empty() && j < r; j++) q = &by[routers[j]];
+    out.push_back(placed[q->front()]);
+    q->pop_front();
+  }
+  return out;
+}
+
 // SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
 // more shadows, ports balanced over the routers two hops out, before the
 // shadows connect (their flow labels are theirs alone until then).
@@ -974,6 +1000,7 @@ void spread_over_routers(Bundle* b) {
     }
     std::string spread;
     auto placed = pick_ports(std::move(ports), std::move(hops), static_cast<int>(j.paths.size()), prim, &spread);
+    if (!initiates(b)) placed = cross_order(placed);
     std::lock_guard g(b->mu);
     if (b->dead) return;
     if (placed.empty()) {
@@ -1427,6 +1454,22 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
 // passed, else -1, with the queues that made it in *why. Never under the
 // data path's lock across a request.
 int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why) {
+  // The application QP's router, once: discovery placed the shadows, not it.
+  std::string lip, rip;
+  uint16_t psport = 0;
+  {
+    std::lock_guard l(b->lk);
+    if (!b->prim_router_asked && !b->prim.down && path_sport(b->prim) && gid_v4(b->lgid, &lip) &&
+        gid_v4(b->rgid, &rip))
+      psport = static_cast<uint16_t>(path_sport(b->prim));
+    b->prim_router_asked = true;
+  }
+  if (psport) {
+    const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
+    auto hops = wait_ms > 0 ? hops_of_ports(lip, rip, {psport}, 2, wait_ms, wait_ms) : std::vector<std::string>{};
+    std::lock_guard l(b->lk);
+    if (!hops.empty()) b->prim.router = hops[0];
+  }
   auto verdict = [&](int rail, uint32_t sport) {
     if (!sport) return -1;
     auto it = stats.find({rail, sport});
@@ -1452,15 +1495,20 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       auto it = b->peer_view.find(i);
       return fresh && it != b->peer_view.end() ? it->second : -1;
     };
+    // Our carrier's half's router (discovery's; "" where not known).
+    const Path& cp = P(b, b->carrier);
+    const std::string& crouter = cp.router;
+    const int crail = b->carrier == kPrimary ? 0 : cp.rail;
     auto fill = [&](CarrierView& v, int i) {
-      const Path& p = P(b, i);
+      Path& p = P(b, i);
+      const int rail = i == kPrimary ? 0 : p.rail;
       const uint32_t sport = i == kPrimary ? path_sport(p) : 0xC000 | p.flow_label;
       v.path = i;
       v.usable = usable(p);
-      v.own = v.usable ? verdict(i == kPrimary ? 0 : p.rail, sport) : -1;
+      v.own = v.usable ? verdict(rail, sport) : -1;
+      v.own_same = !crouter.empty() && p.router == crouter && rail == crail;
       v.peer = peer_of(i);
-      v.excess_ns = excess(i == kPrimary ? 0 : p.rail, sport);
-      if (v.own >= 0) view[std::to_string(i)] = v.own;
+      v.excess_ns = excess(rail, sport);
     };
     if (!b->prim.down) {
       CarrierView v;
@@ -1473,6 +1521,16 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       if (static_cast<int>(i) == b->carrier) c = v;
       else others.push_back(v);
     }
+    relative_verdicts(c, others);
+    auto note = [&](const CarrierView& v) {
+      Path& p = P(b, v.path);
+      p.queue_known = v.own >= 0;  // for the stats and `shuntctl paths`
+      p.congested = v.own == 1;
+      p.excess_ns = v.excess_ns;
+      if (v.usable && (v.own >= 0 || v.own_same)) view[std::to_string(v.path)] = v.own_same ? 2 : v.own;
+    };
+    note(c);
+    for (const auto& v : others) note(v);
     if (decides) {
       target = b->chold.tick(now, carrier_target(c, others, b->rng), b->rng);
       if (target >= 0) {
@@ -1500,13 +1558,13 @@ json answer_steer_view(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
   const json& v = req.contains("view") ? req["view"] : json();
-  if (!v.is_object() || v.size() > 4096) return {{"error", "view: an object of path -> 0 or 1 expected"}};
+  if (!v.is_object() || v.size() > 4096) return {{"error", "view: an object of path -> 0, 1 or 2 expected"}};
   std::map<int, int> m;
   for (const auto& [k, x] : v.items()) {
     char* end = nullptr;
     long i = std::strtol(k.c_str(), &end, 10);
-    if (end == k.c_str() || *end || i < kPrimary || i > 4096 || !x.is_number_integer() || (x != 0 && x != 1))
-      return {{"error", "view: an object of path -> 0 or 1 expected"}};
+    if (end == k.c_str() || *end || i < kPrimary || i > 4096 || !x.is_number_integer() || x < 0 || x > 2)
+      return {{"error", "view: an object of path -> 0, 1 or 2 expected"}};
     m[static_cast<int>(i)] = x.get<int>();
   }
   std::lock_guard l(b->lk);

@@ -63,11 +63,22 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   return r;
 }
 
+void relative_verdicts(const CarrierView& carrier, std::vector<CarrierView>& others) {
+  if (carrier.own < 0 || carrier.excess_ns <= 0) return;
+  for (auto& o : others)
+    if (o.own == 1 && o.excess_ns * kCarrierClearRatio < carrier.excess_ns) o.own = 0;
+}
+
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng) {
   if (carrier.own != 1 && carrier.peer != 1) return -1;
   std::vector<int> clear;
-  for (const auto& o : others)
-    if (o.path != carrier.path && o.usable && o.own == 0 && o.peer != 1) clear.push_back(o.path);
+  for (const auto& o : others) {
+    if (o.path == carrier.path || !o.usable) continue;
+    const bool ours_ok = o.own == 0 || o.own_same;
+    const bool theirs_ok = o.peer != 1;  // clear, the same router, or not told
+    const bool clears = (carrier.own == 1 && o.own == 0) || (carrier.peer == 1 && o.peer == 0);
+    if (ours_ok && theirs_ok && clears) clear.push_back(o.path);
+  }
   if (clear.empty()) return -1;
   return clear[std::uniform_int_distribution<size_t>(0, clear.size() - 1)(rng)];
 }

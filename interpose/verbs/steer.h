@@ -48,24 +48,39 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
 
 // Steering a pinned bundle (SHUNT_SPREAD=pin with SHUNT_STEER=queue): its
 // work stays on one path, the carrier, and moves whole to another path
-// when the carrier's queue is congested and another path's is not (two
-// jobs whose QPs share a spine while the other idles). Where every path
-// queues (each job fills its own spine) nothing moves: a busy spine is no
-// better. Each end judges its own direction (the forward queues its host
-// agent measures on its halves' source ports); the deciding side hears the
-// other's verdicts.
+// when that clears a congested queue (two jobs whose QPs share a spine
+// while the other idles). Where every path queues (each job fills its own
+// spine) nothing moves: a busy spine is no better. A path has a half at
+// each end, each with its own source port and so its own spine; each end
+// judges its own direction (the forward queues its host agent measures on
+// its halves' source ports, where a half on its carrier's spine queues with
+// the carrier's own traffic: the same spine, no worse), and the other
+// side tells the deciding side its verdicts.
 struct CarrierView {
   int path = -1;       // the bundle's path index (the application's QP: kPrimary)
   bool usable = true;  // up and off probation
   int own = -1;        // our forward queue: -1 not known, 0 clear, 1 congested
-  int peer = -1;       // the peer's, the same way
+  bool own_same = false;  // our half crosses the router our carrier's half crosses
+  int peer = -1;       // the peer's verdict on its half: -1, 0, 1 likewise, 2 the same router as its carrier's
   double excess_ns = 0;
 };
 
-// The path the carrier should move to now, or -1: the carrier is congested
-// in either direction, and the target is clear in ours and not congested in
-// the peer's. Among several clear ones, a random one (bundles of two jobs
-// on the same spine should not both pick the same free path every time).
+// The probes' own verdict (a queue over the path's noise threshold) is too
+// fine for this: the thresholds come from an idle fabric, and on a loaded
+// host a spine that carries nothing of the job's shows a few ms (0.6-4.6
+// ms on the soft-RoCE guests, against 45-100 on the spine two jobs shared).
+// A path whose queue is under 1/kCarrierClearRatio of the carrier's counts
+// as clear in that direction (paths, carrier included, as the probes
+// judged them on input).
+void relative_verdicts(const CarrierView& carrier, std::vector<CarrierView>& others);
+constexpr double kCarrierClearRatio = 5;
+
+// The path the carrier should move to now, or -1. The target must clear a
+// congested direction of the carrier (congested there, clear on the
+// target) and make neither direction worse (each clear, or on the
+// carrier's router; a peer that told nothing of a path does not object).
+// Among several, a random one (bundles of two jobs on the same spine
+// should not both pick the same free path every time).
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng);
 
 // The hold before a move: the carrier must stay congested with a clear

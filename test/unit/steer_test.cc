@@ -295,25 +295,60 @@ PinnedRun run_pinned(int seed, int a, int b, int64_t ms, int64_t lag_ms) {
 }
 }  // namespace
 
-TEST(CarrierSteer, MovesOnlyOffACongestedCarrierToAClearPath) {
+CarrierView view(int path, int own, int peer, bool usable = true, bool own_same = false) {
+  CarrierView v;
+  v.path = path, v.own = own, v.peer = peer, v.usable = usable, v.own_same = own_same;
+  return v;
+}
+
+TEST(CarrierSteer, MovesOnlyWhereItClearsACongestedDirectionAndWorsensNone) {
   std::mt19937 rng(1);
-  CarrierView c{-1, true, 1, -1, 5e6};
-  std::vector<CarrierView> o = {{0, true, 1, -1, 4e6}, {1, true, 0, -1, 0}, {2, false, 0, -1, 0},
-                                {3, true, -1, -1, 0}, {4, true, 0, 1, 0}};
-  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 1);  // not congested, down, unknown, or the peer's congested
+  CarrierView c = view(-1, 1, -1);
+  std::vector<CarrierView> o = {view(0, 1, -1), view(1, 0, -1), view(2, 0, -1, false), view(3, -1, -1),
+                                view(4, 0, 1), view(5, 1, 0, true, true)};
+  // Congested, down, unknown, congested at the peer's end, and on our
+  // carrier's own router (no better in our direction): only path 1.
+  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 1);
   c.own = 0;
   EXPECT_EQ(carrier_target(c, o, rng), -1);  // nothing queues on the carrier: stay
+  // The peer's direction queues, ours is fine where the carrier is: a path
+  // clear at the peer's end and in ours no worse (clear, or our carrier's
+  // router): path 5; path 1 is not known to clear the peer's.
   c.peer = 1;
-  EXPECT_EQ(carrier_target(c, o, rng), 1);  // the peer's direction queues: move
+  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 5);
+  o[5].own_same = false;  // the other router, which queues: it would collide in our direction
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
+  // Every path queues (each job fills its own spine): stay.
   c.own = 1;
   c.peer = -1;
   for (auto& x : o) x.own = 1;
-  EXPECT_EQ(carrier_target(c, o, rng), -1);  // every path queues (each job fills its own spine): stay
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
   // Several clear paths: each is taken some of the time.
   for (auto& x : o) x.own = 0, x.usable = true, x.peer = -1;
   std::set<int> picked;
-  for (int i = 0; i < 200; i++) picked.insert(carrier_target(c, o, rng));
+  for (int i = 0; i < 300; i++) picked.insert(carrier_target(c, o, rng));
   EXPECT_EQ(picked.size(), o.size());
+}
+
+TEST(CarrierSteer, APathQueuingAFifthOfTheCarrierIsClear) {
+  // As on the soft-RoCE guests: two jobs on one spine queue 45-100 ms, the
+  // idle spine's paths 0.6-4.6 ms, over thresholds learned while idle.
+  CarrierView c = view(-1, 1, -1);
+  c.excess_ns = 60e6;
+  std::vector<CarrierView> o = {view(0, 1, -1), view(1, 1, -1), view(2, -1, -1), view(3, 0, -1)};
+  o[0].excess_ns = 4.6e6, o[1].excess_ns = 50e6, o[2].excess_ns = 0.1e6, o[3].excess_ns = 0.2e6;
+  relative_verdicts(c, o);
+  EXPECT_EQ(o[0].own, 0);   // a few ms against 60: clear
+  EXPECT_EQ(o[1].own, 1);   // the other job's spine, as busy: stays congested
+  EXPECT_EQ(o[2].own, -1);  // not known stays not known
+  EXPECT_EQ(o[3].own, 0);
+  std::mt19937 rng(3);
+  EXPECT_NE(carrier_target(c, o, rng), 1);
+  // Apart: each job fills its own spine, the other's paths queue as much.
+  o[0].own = 1, o[0].excess_ns = 55e6;
+  o[3].own = 1, o[3].excess_ns = 40e6;
+  relative_verdicts(c, o);
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
 }
 
 TEST(CarrierSteer, HoldsARandomTimeAndDwellsAfterAMove) {

@@ -3,7 +3,10 @@
 # spines, not the hosts, are the bottleneck; run without libshunt, with
 # shunt's static spreading only (split, SHUNT_STEER=off) and with steering
 # by segment latency (SHUNT_STEER=latency) and by the probes' forward
-# queues (SHUNT_STEER=queue). `shunt-bench scenario contention` runs it.
+# queues (SHUNT_STEER=queue), and with each QP's work pinned to one path
+# whose carrier steering moves whole off a congested spine (carrier:
+# SHUNT_SPREAD=pin, SHUNT_STEER=queue). `shunt-bench scenario contention`
+# runs it.
 #
 # Usage: shunt-bench scenario contention [options]
 #   --rate MBIT   every leaf-spine link, each way (default 5: the guests are
@@ -18,7 +21,8 @@
 #   --warmup N    untimed iterations per run first (shunt-bench -w,
 #                 default 4; each iteration is one message per peer each
 #                 way, and the next waits for it)
-#   --modes M     which runs with libshunt (default "static latency queue")
+#   --modes M     which runs with libshunt, of static, latency, queue and
+#                 carrier (default "static latency queue carrier")
 #   --out DIR     JSON, stats, events and the plot (default ./scenario-contention)
 #   --keep        leave the fabric up afterwards
 # Topology: 4 guests, 2 per leaf, 2 spines, one rail; the routers hash
@@ -34,7 +38,7 @@
 # Exit: 0 when every run was carried out, 2 when the fabric or a run failed,
 # 77 when no fabric can be built here.
 set -u
-rate=5 duration=30 tries=4 paths=8 warmup=4 same=0 modes="static latency queue" out= keep=0
+rate=5 duration=30 tries=4 paths=8 warmup=4 same=0 modes="static latency queue carrier" out= keep=0
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift ;;
@@ -107,9 +111,10 @@ sleep 8
 job() {
   local mode=$1 tag=$2 a=$3 b=$4 port=$5 env=(env)
   case $mode in
-    static|latency|queue) env=(env LD_PRELOAD="$shim" SHUNT_MODE=active SHUNT_SPREAD=split SHUNT_SPLIT_MIN_BYTES=65536
+    static|latency|queue|carrier) env=(env LD_PRELOAD="$shim" SHUNT_MODE=active SHUNT_SPLIT_MIN_BYTES=65536
+      SHUNT_SPREAD=$([ $mode = carrier ] && echo pin || echo split)
       SHUNT_JOB_KEY="$key" SHUNT_PATHS_PER_RAIL="$paths" SHUNT_PATH_DEAD_MS=8000
-      SHUNT_STEER=$([ $mode = static ] && echo off || echo $mode) SHUNT_LOG_LEVEL=info
+      SHUNT_STEER=$(case $mode in static) echo off ;; carrier) echo queue ;; *) echo $mode ;; esac) SHUNT_LOG_LEVEL=info
       SHUNT_STATS_FILE=/tmp/contention-$tag.json SHUNT_EVENT_LOG=/tmp/contention-events-$tag.jsonl) ;;
   esac
   local args=(--world 2 --bootstrap "${addr[$a]}:$port" --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K
@@ -202,7 +207,7 @@ def steering(m):
         for q in json.load(open(f))["verbs"]["qps"]:
             b = q.get("bundle")
             if b and b.get("paths"):
-                steps += b.get("steer_steps", 0); rev += b.get("steer_reversals", 0); n += 1
+                steps += b.get("steer_steps", 0) + b.get("carrier_steers", 0); rev += b.get("steer_reversals", 0); n += 1
     return (steps / n / duration, rev / n / duration) if n else (0, 0)
 base = sum(rnd("without"))
 print(f"two jobs on {rate:g} Mbit/s spines, MB/s (max-min fair: {fair:.2f} each, {ideal:.2f} together, at wire rate):")
@@ -211,7 +216,7 @@ for m in ["without"] + modes:
     a, b = rnd(m)
     st, rv = steering(m) if m != "without" else (0, 0)
     print(f"  {m:<10} {a:7.2f} {b:7.2f} {a + b:7.2f} {(a + b) / base:10.2f}x {a / fair:7.2f} {b / fair:7.2f} {st:8.2f} {rv:12.2f}")
-for m in ("latency", "queue"):
+for m in ("latency", "queue", "carrier"):
     if m not in modes:
         continue
     a, b = rnd(m)
