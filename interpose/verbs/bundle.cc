@@ -940,8 +940,9 @@ std::vector<std::pair<uint32_t, std::string>> pick_ports(std::vector<uint16_t> p
   return out;
 }
 
-// The answering side's order of its placed ports: pick_ports takes the
-// routers in turn (path k on router k % R, as the deciding side's halves);
+// The answering side's order of its placed ports (answer_join): pick_ports
+// takes the routers in turn (path k on router k % R, as the deciding side's
+// halves);
 // here path k gets router (k / R) % R, so that over R x R paths the two
 // halves of the bundle's paths meet every pair of routers (a pinned
 // carrier steered off a congested spine in one direction keeps its spine
@@ -1000,7 +1001,6 @@ void spread_over_routers(Bundle* b) {
     }
     std::string spread;
     auto placed = pick_ports(std::move(ports), std::move(hops), static_cast<int>(j.paths.size()), prim, &spread);
-    if (!initiates(b)) placed = cross_order(placed);
     std::lock_guard g(b->mu);
     if (b->dead) return;
     if (placed.empty()) {
@@ -1214,7 +1214,8 @@ json answer_join(const json& req) {
         if (mono_ms() < b->hops_until_ms) return {{"retry", "finding paths"}};
       } else if (got > 0) {
         std::string spread;
-        placed = pick_ports(std::move(ports), std::move(hops), want, sport_of(flow_label_for(label_seed(b), -1)), &spread);
+        placed = cross_order(
+            pick_ports(std::move(ports), std::move(hops), want, sport_of(flow_label_for(label_seed(b), -1)), &spread));
         if (!placed.empty())
           log::info("{} QP {}: rail 0: {} shadows over {} (the peer's bundle)", b->ctx->device, b->pqp->qp_num, want, spread);
       }

@@ -84,10 +84,17 @@ int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& o
 }
 
 int CarrierHold::tick(int64_t now_ms, int target, std::mt19937& rng) {
-  if (target < 0 || now_ms < after_) {
-    since_ = 0;  // the condition broke: a new hold, drawn anew, when it returns
+  if (now_ms < after_) {
+    since_ = 0;
     return -1;
   }
+  if (target < 0) {
+    // The condition lapsed: past kCarrierLapseMs, a new hold, drawn anew,
+    // when it returns.
+    if (since_ && now_ms - last_seen_ > kCarrierLapseMs) since_ = 0;
+    return -1;
+  }
+  last_seen_ = now_ms;
   if (!since_) {
     since_ = now_ms;
     wait_ = std::uniform_int_distribution<int64_t>(kCarrierHoldMinMs, max_ - 1)(rng);

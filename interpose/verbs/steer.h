@@ -98,6 +98,11 @@ constexpr int64_t kCarrierHoldMaxMs = 8000;
 constexpr int64_t kCarrierHoldCapMs = 32000;
 constexpr int64_t kCarrierCalmMs = 30000;
 constexpr int64_t kCarrierDwellMs = 5000;
+// The condition may lapse for up to this long without the hold starting
+// over: the queues of a job's own bursts come and go, and two bundles that
+// see the same probes would otherwise start their holds together after
+// every lapse (their draws then decide less than the lapses).
+constexpr int64_t kCarrierLapseMs = 1500;
 
 // That timing, per bundle: tick() with carrier_target's answer every
 // steering round returns the path to move to once the hold has passed
@@ -110,7 +115,7 @@ class CarrierHold {
   int64_t window_ms() const { return max_; }
 
  private:
-  int64_t since_ = 0, wait_ = 0, after_ = 0, last_move_ = 0, max_ = kCarrierHoldMaxMs;
+  int64_t since_ = 0, wait_ = 0, after_ = 0, last_move_ = 0, max_ = kCarrierHoldMaxMs, last_seen_ = 0;
 };
 
 constexpr double kSteerGain = 0.2;

@@ -363,11 +363,16 @@ TEST(CarrierSteer, HoldsARandomTimeAndDwellsAfterAMove) {
     EXPECT_GE(t - start, kCarrierHoldMinMs);
     EXPECT_LT(t - start, kCarrierHoldMaxMs + 50);
     waits.insert(t - start);
-    // The condition broken once: the hold starts over.
+    // The condition lapsed longer than kCarrierLapseMs: the hold starts
+    // over; a shorter lapse keeps it.
     CarrierHold g;
-    g.tick(0, 3, rng);
-    g.tick(kCarrierHoldMinMs - 1, -1, rng);
-    EXPECT_EQ(g.tick(kCarrierHoldMinMs, 3, rng), -1);
+    g.tick(1, 3, rng);
+    g.tick(kCarrierLapseMs + 2, -1, rng);
+    EXPECT_EQ(g.tick(kCarrierLapseMs + 2 + kCarrierHoldMinMs - 1, 3, rng), -1);
+    CarrierHold f;
+    f.tick(1, 3, rng);
+    f.tick(2, -1, rng);
+    EXPECT_EQ(f.tick(kCarrierHoldMaxMs + 1, 3, rng), 3);
     h.moved(t);
     EXPECT_EQ(h.tick(t + kCarrierDwellMs - 1, 3, rng), -1);  // dwell
   }
