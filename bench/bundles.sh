@@ -20,6 +20,9 @@
 #   spine records the RoCE packets' source ports; shunt's stats name the
 #   application QP's), and repeat until both kinds were seen or the tries
 #   ran out: where the application's QPs collide matters to auto.
+#   carrier (not by default): pin, with SHUNT_STEER=queue moving each QP's
+#   work whole off a congested spine; host agents (started first, as
+#   separate processes) probe every path's source port.
 # Reported: the sum of both jobs' throughput (size / time per iteration,
 # MB/s), and shunt's ratio to the baseline of the same kind (targets:
 # >= 1.6x collided, >= 0.95x apart).
@@ -51,11 +54,26 @@ done; done
 command -v nft >/dev/null || fail "no nft (make deps)"
 sport_watch
 KEY=bench-$$
+case " $SPREADS " in *" carrier "*)
+  # Each host's agent before the jobs: the first preloaded process of a
+  # host to open a socket becomes its agent, and its probe engine learns
+  # the peer's clock and clear base delay before the jobs load the spines.
+  for pair in h1:h3 h3:h1 h2:h4 h4:h2; do
+    h=${pair%:*} p=${pair#*:}
+    fab exec "$h" -- env LD_PRELOAD="$LIB" SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$(fab addr "$h" r0)" \
+      SHUNT_PROBE_NAME="$(fab addr "$h" r0)" SHUNT_PEERS="$(fab addr "$p" r0)=$(fab addr "$p" r0)" \
+      SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 \
+      python3 -c "import socket, time; s = socket.socket(); time.sleep(3000)" > "$TMP/agent-$h.log" 2>&1 &
+  done
+  sleep 8 ;;
+esac
 
 # pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
 job() {
   local with=$1 tag=$2 a=$3 b=$4 port=$5 env=()
-  [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$with" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL="$PATHS"
+  local spread=$with steer=off
+  [ "$with" = carrier ] && spread=pin steer=queue
+  [ "$with" != plain ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD="$spread" SHUNT_STEER="$steer" SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL="$PATHS"
     SHUNT_PATH_DEAD_MS=8000 SHUNT_STATS_FILE=/tmp/bundle-bench.json SHUNT_LOG_LEVEL=info ${BUNDLE_BENCH_ENV:-})  # queues of up to 1 s: no path is declared dead for that
   local boot
   boot=$(fab addr "$a" r0)
