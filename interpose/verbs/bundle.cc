@@ -1479,9 +1479,9 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
     if (!q.value("ready", false)) return -1;
     return q.value("congested", false) ? 1 : 0;
   };
-  auto excess = [&](int rail, uint32_t sport) {
+  auto queue = [&](int rail, uint32_t sport, const char* what) {
     auto it = stats.find({rail, sport});
-    return it == stats.end() ? 0.0 : it->second.value("fwd_queue", json::object()).value("excess_ns", 0.0);
+    return it == stats.end() ? 0.0 : it->second.value("fwd_queue", json::object()).value(what, 0.0);
   };
   const int64_t now = mono_ms();
   json view = json::object();
@@ -1509,7 +1509,8 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       v.own = v.usable ? verdict(rail, sport) : -1;
       v.own_same = !crouter.empty() && p.router == crouter && rail == crail;
       v.peer = peer_of(i);
-      v.excess_ns = excess(rail, sport);
+      v.excess_ns = queue(rail, sport, "excess_ns");
+      v.threshold_ns = queue(rail, sport, "threshold_ns");
     };
     if (!b->prim.down) {
       CarrierView v;
@@ -1528,6 +1529,7 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       p.queue_known = v.own >= 0;  // for the stats and `shuntctl paths`
       p.congested = v.own == 1;
       p.excess_ns = v.excess_ns;
+      p.threshold_ns = v.threshold_ns;
       if (v.usable && (v.own >= 0 || v.own_same)) view[std::to_string(v.path)] = v.own_same ? 2 : v.own;
     };
     note(c);

@@ -66,7 +66,9 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
 void relative_verdicts(const CarrierView& carrier, std::vector<CarrierView>& others) {
   if (carrier.own < 0 || carrier.excess_ns <= 0) return;
   for (auto& o : others)
-    if (o.own == 1 && o.excess_ns * kCarrierClearRatio < carrier.excess_ns) o.own = 0;
+    if (o.own == 1 && o.excess_ns * kCarrierClearRatio < carrier.excess_ns &&
+        o.excess_ns < std::max(kCarrierClearNoise * o.threshold_ns, kCarrierClearFloorNs))
+      o.own = 0;
 }
 
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng) {

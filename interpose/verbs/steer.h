@@ -63,17 +63,24 @@ struct CarrierView {
   bool own_same = false;  // our half crosses the router our carrier's half crosses
   int peer = -1;       // the peer's verdict on its half: -1, 0, 1 likewise, 2 the same router as its carrier's
   double excess_ns = 0;
+  double threshold_ns = 0;  // the probes' noise threshold for its queue
 };
 
 // The probes' own verdict (a queue over the path's noise threshold) is too
 // fine for this: the thresholds come from an idle fabric, and on a loaded
 // host a spine that carries nothing of the job's shows a few ms (0.6-4.6
 // ms on the soft-RoCE guests, against 45-100 on the spine two jobs shared).
-// A path whose queue is under 1/kCarrierClearRatio of the carrier's counts
-// as clear in that direction (paths, carrier included, as the probes
-// judged them on input).
+// A path whose queue is under 1/kCarrierClearRatio of the carrier's, and
+// under kCarrierClearNoise times its threshold or kCarrierClearFloorNs,
+// counts as clear in that direction (paths, carrier included, as the probes
+// judged them on input). The second bound: where the spines are slower
+// than the NICs a job alone fills its own spine's queue (98 ms in one run)
+// while another job's spine, its flow window-limited, showed 16 ms, a
+// fifth of it, and the job moved onto the other's spine.
 void relative_verdicts(const CarrierView& carrier, std::vector<CarrierView>& others);
 constexpr double kCarrierClearRatio = 5;
+constexpr double kCarrierClearNoise = 3;
+constexpr double kCarrierClearFloorNs = 5e6;
 
 // The path the carrier should move to now, or -1. The target must clear a
 // congested direction of the carrier (congested there, clear on the
@@ -94,10 +101,10 @@ int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& o
 // a drain, and the queues need a few probe rounds to show where the work
 // went.
 constexpr int64_t kCarrierHoldMinMs = 500;
-constexpr int64_t kCarrierHoldMaxMs = 8000;
+constexpr int64_t kCarrierHoldMaxMs = 4000;
 constexpr int64_t kCarrierHoldCapMs = 32000;
 constexpr int64_t kCarrierCalmMs = 30000;
-constexpr int64_t kCarrierDwellMs = 5000;
+constexpr int64_t kCarrierDwellMs = 3000;
 // The condition may lapse for up to this long without the hold starting
 // over: the queues of a job's own bursts come and go, and two bundles that
 // see the same probes would otherwise start their holds together after

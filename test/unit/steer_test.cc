@@ -344,6 +344,16 @@ TEST(CarrierSteer, APathQueuingAFifthOfTheCarrierIsClear) {
   EXPECT_EQ(o[3].own, 0);
   std::mt19937 rng(3);
   EXPECT_NE(carrier_target(c, o, rng), 1);
+  // A job alone fills its spine (98 ms) while the other job's spine, its
+  // flow window-limited, shows 16 ms: not clear (over 3 thresholds and 5 ms).
+  CarrierView alone = view(-1, 1, -1);
+  alone.excess_ns = 98e6;
+  std::vector<CarrierView> busy = {view(0, 1, -1), view(1, 1, -1)};
+  busy[0].excess_ns = 16e6, busy[0].threshold_ns = 1.8e6;
+  busy[1].excess_ns = 4e6, busy[1].threshold_ns = 1.8e6;
+  relative_verdicts(alone, busy);
+  EXPECT_EQ(busy[0].own, 1);
+  EXPECT_EQ(busy[1].own, 0);
   // Apart: each job fills its own spine, the other's paths queue as much.
   o[0].own = 1, o[0].excess_ns = 55e6;
   o[3].own = 1, o[3].excess_ns = 40e6;
