@@ -62,10 +62,11 @@ case " $SPREADS " in *" carrier "*)
     h=${pair%:*} p=${pair#*:}
     fab exec "$h" -- env LD_PRELOAD="$LIB" SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$(fab addr "$h" r0)" \
       SHUNT_PROBE_NAME="$(fab addr "$h" r0)" SHUNT_PEERS="$(fab addr "$p" r0)=$(fab addr "$p" r0)" \
-      SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 \
+      SHUNT_PATH_DEAD_MS=8000 \
       python3 -c "import socket, time; s = socket.socket(); time.sleep(3000)" > "$TMP/agent-$h.log" 2>&1 &
   done
-  sleep 8 ;;
+  sleep 8
+  for h in h1 h2 h3 h4; do [ -s "$TMP/agent-$h.log" ] && { echo "  agent on $h:"; sed 's/^/    /' "$TMP/agent-$h.log"; }; done ;;
 esac
 
 # pair WITH TAG A B PORT: a 2-rank job, rank 0 on host A; prints busbw
@@ -157,10 +158,17 @@ for q in json.load(sys.stdin)["verbs"]["qps"]:
     b = q.get("bundle")
     if b and b["paths"]:
         a = b.get("auto")
-        print("    '$h' QP %d: primary %.1f MB, paths %s%s" % (q["qpn"], b["primary"]["bytes"] / 1e6,
+        print("    '$h' QP %d: primary %.1f MB, paths %s%s%s" % (q["qpn"], b["primary"]["bytes"] / 1e6,
               " ".join("%d:%.1f" % (p["udp_sport"], p["bytes"] / 1e6) for p in b["paths"]),
               "; auto: %s, %d split %.0f ns/KiB, %d pinned %.0f ns/KiB" % (a["now"], a["split_periods"],
-              a["split_ns_per_kib"], a["pin_periods"], a["pin_ns_per_kib"]) if a else ""))' || true
+              a["split_ns_per_kib"], a["pin_periods"], a["pin_ns_per_kib"]) if a else "",
+              "; steering %s, %d carrier moves, queues known on %d paths" % (b["steer"], b.get("carrier_steers", 0),
+              sum(1 for p in b["paths"] if p.get("queue"))) if b["steer"] == "queue-carrier" else ""))
+        if b.get("carrier_steering"):
+            c = b["carrier_steering"]
+            print("      queues (ms, C congested, router):", " ".join("%d:%.1f%s@%s" % (i, p["queue"]["excess_ns"] / 1e6,
+                  "C" if p["queue"]["congested"] else "", (p.get("router") or "?").split(".")[-1]) for i, p in enumerate(b["paths"]) if p.get("queue")),
+                  "; application QP via", c["application_qp_router"] or "?", "; the peer said", c["peer_view"], "%d ms ago" % c["peer_view_age_ms"])' || true
   done
   [ -n "${with[$sp,collided]:-}" ] && [ -n "${with[$sp,apart]:-}" ] && break
 done; done

@@ -328,7 +328,11 @@ struct Bundle {
   std::string view_sent;
   int64_t view_sent_ms = 0;
   uint64_t carrier_steers = 0;
-  bool prim_router_asked = false;  // path discovery for the application QP's own port (once)
+  // Path discovery for the application QP's own port: the next try, and
+  // how many were made (routers answer about one datagram a second per
+  // host after a burst, which the shadows' discovery spent).
+  int64_t prim_router_next_ms = 0;
+  int prim_router_tries = 0;
   // Stall watch: every usable path stalled at its last look (none failed
   // for it), and how many times that began.
   bool all_stalled = false;
@@ -1455,15 +1459,19 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
 // passed, else -1, with the queues that made it in *why. Never under the
 // data path's lock across a request.
 int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why) {
-  // The application QP's router, once: discovery placed the shadows, not it.
+  // The application QP's router: discovery placed the shadows, not it.
+  // Asked every 2 s until a router answers, 10 times at most.
   std::string lip, rip;
   uint16_t psport = 0;
   {
     std::lock_guard l(b->lk);
-    if (!b->prim_router_asked && !b->prim.down && path_sport(b->prim) && gid_v4(b->lgid, &lip) &&
-        gid_v4(b->rgid, &rip))
+    const int64_t t = mono_ms();
+    if (b->prim.router.empty() && !b->prim.down && path_sport(b->prim) && b->prim_router_tries < 10 &&
+        t >= b->prim_router_next_ms && gid_v4(b->lgid, &lip) && gid_v4(b->rgid, &rip)) {
       psport = static_cast<uint16_t>(path_sport(b->prim));
-    b->prim_router_asked = true;
+      b->prim_router_next_ms = t + 2000;
+      b->prim_router_tries++;
+    }
   }
   if (psport) {
     const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
@@ -1530,7 +1538,10 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       p.congested = v.own == 1;
       p.excess_ns = v.excess_ns;
       p.threshold_ns = v.threshold_ns;
-      if (v.usable && (v.own >= 0 || v.own_same)) view[std::to_string(v.path)] = v.own_same ? 2 : v.own;
+      // (the carrier's own verdict as it is: on its own router, but what
+      // the deciding side needs of it is whether it queues)
+      const int said = v.own_same && v.path != c.path ? 2 : v.own;
+      if (v.usable && said >= 0) view[std::to_string(v.path)] = said;
     };
     note(c);
     for (const auto& v : others) note(v);
@@ -3908,6 +3919,16 @@ json bundle_json(const QpRecord& r) {
                                           {"pin_periods", b->auto_periods[0]}}},
           {"steer_steps", b->steer_steps},
           {"carrier_steers", b->carrier_steers},
+          {"carrier_steering",
+           !b->carrier_steer ? json(nullptr) : [&] {
+             json pv = json::object();
+             for (const auto& [i, v] : b->peer_view) pv[std::to_string(i)] = v;
+             return json{{"application_qp_router", b->prim.router},
+                         {"peer_view", pv},
+                         {"peer_view_age_ms", b->peer_view_ms ? mono_ms() - b->peer_view_ms : -1},
+                         {"hold_window_ms", b->chold.window_ms()},
+                         {"holding", b->chold.holding()}};
+           }()},
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
           {"held", b->held_total},

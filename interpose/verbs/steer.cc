@@ -63,7 +63,8 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   return r;
 }
 
-void relative_verdicts(const CarrierView& carrier, std::vector<CarrierView>& others) {
+void relative_verdicts(CarrierView& carrier, std::vector<CarrierView>& others) {
+  if (carrier.own == 1 && carrier.excess_ns < kCarrierQueueNoise * carrier.threshold_ns) carrier.own = 0;
   if (carrier.own < 0 || carrier.excess_ns <= 0) return;
   for (auto& o : others)
     if (o.own == 1 && o.excess_ns * kCarrierClearRatio < carrier.excess_ns &&

@@ -77,7 +77,11 @@ struct CarrierView {
 // than the NICs a job alone fills its own spine's queue (98 ms in one run)
 // while another job's spine, its flow window-limited, showed 16 ms, a
 // fifth of it, and the job moved onto the other's spine.
-void relative_verdicts(const CarrierView& carrier, std::vector<CarrierView>& others);
+// And the carrier itself counts as congested only with a queue of at
+// least kCarrierQueueNoise times its threshold: on an idle fabric a carrier
+// at 0.5 ms, over its noise threshold, moved to a path at 0.1 ms.
+void relative_verdicts(CarrierView& carrier, std::vector<CarrierView>& others);
+constexpr double kCarrierQueueNoise = 10;
 constexpr double kCarrierClearRatio = 5;
 constexpr double kCarrierClearNoise = 3;
 constexpr double kCarrierClearFloorNs = 5e6;

@@ -8,8 +8,9 @@
 # clear. Once the job runs, h1's leaf uplink to the spine its carrier
 # crosses is limited to a third of the rate it carries (1 s of tbf queue).
 # Checked:
-# - a steer-carrier event within 25 s of the fault, naming the old carrier
-#   congested and the new path clear, and no failover counted;
+# - no move before the fault (nothing queues then), a steer-carrier event
+#   within 25 s of it, naming the old carrier congested and the new path
+#   clear, and no failover counted;
 # - afterwards h1's traffic crosses the other spine (counters over 3 s);
 # - the data is whole (#wrong 0) and both ranks exit 0.
 . "$(dirname "$0")/lib.sh"
@@ -107,6 +108,8 @@ for e in dec:
     print(f"  {(e['mono_ns'] - fault) / 1e9:.1f} s after the fault: {e['from']} -> {e['to']}, queue there "
           f"{e['from_queue_us'] / 1000:.1f} ms (own {e['from_own']}, peer {e['from_peer']}), at the target "
           f"{e['to_queue_us'] / 1000:.1f} ms, hold window {e['hold_window_ms']} ms")
+if any(e["mono_ns"] < fault for e in dec):
+    sys.exit("the carrier moved before the fault, on an unloaded fabric")
 if not dec or (dec[0]["mono_ns"] - fault) / 1e9 > 25:
     sys.exit("no deciding side's move within 25 s of the fault")
 if dec[0]["from_own"] != 1 and dec[0]["from_peer"] != 1:

@@ -354,6 +354,15 @@ TEST(CarrierSteer, APathQueuingAFifthOfTheCarrierIsClear) {
   relative_verdicts(alone, busy);
   EXPECT_EQ(busy[0].own, 1);
   EXPECT_EQ(busy[1].own, 0);
+  // An idle fabric: the carrier's 0.5 ms is over its threshold (0.1 ms)
+  // but under ten of them: no congestion, nothing moves.
+  CarrierView idle = view(-1, 1, -1);
+  idle.excess_ns = 0.5e6, idle.threshold_ns = 0.1e6;
+  std::vector<CarrierView> calm = {view(0, 0, -1)};
+  calm[0].excess_ns = 0.1e6;
+  relative_verdicts(idle, calm);
+  EXPECT_EQ(idle.own, 0);
+  EXPECT_EQ(carrier_target(idle, calm, rng), -1);
   // Apart: each job fills its own spine, the other's paths queue as much.
   o[0].own = 1, o[0].excess_ns = 55e6;
   o[3].own = 1, o[3].excess_ns = 40e6;
