@@ -318,14 +318,13 @@ struct Bundle {
   uint64_t steer_steps = 0, steer_reversals = 0;
   // Steering a pinned bundle (SHUNT_SPREAD=pin, SHUNT_STEER=queue): the
   // carrier moves whole off a congested path to a clear one (steer.h).
-  // The deciding side holds the peer's verdicts on its halves' forward
-  // queues (path -> 0 clear, 1 congested), as told at peer_view_ms; the
-  // other side what it told last, and when.
+  // The deciding side holds what the peer told of its halves' forward
+  // queues (by path), as told at peer_view_ms; the other side when it told
+  // last.
   bool carrier_steer = false;
   CarrierHold chold;
-  std::map<int, int> peer_view;
+  std::map<int, CarrierDir> peer_view;
   int64_t peer_view_ms = 0;
-  std::string view_sent;
   int64_t view_sent_ms = 0;
   uint64_t carrier_steers = 0;
   // Path discovery for the application QP's own port: the next try, and
@@ -1500,13 +1499,9 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
     CarrierView c;
     std::vector<CarrierView> others;
     const bool fresh = now - b->peer_view_ms < 3000;
-    auto peer_of = [&](int i) {
-      auto it = b->peer_view.find(i);
-      return fresh && it != b->peer_view.end() ? it->second : -1;
-    };
     // Our carrier's half's router (discovery's; "" where not known).
     const Path& cp = P(b, b->carrier);
-    const std::string& crouter = cp.router;
+    const std::string crouter = cp.router;
     const int crail = b->carrier == kPrimary ? 0 : cp.rail;
     auto fill = [&](CarrierView& v, int i) {
       Path& p = P(b, i);
@@ -1514,11 +1509,20 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       const uint32_t sport = i == kPrimary ? path_sport(p) : 0xC000 | p.flow_label;
       v.path = i;
       v.usable = usable(p);
-      v.own = v.usable ? verdict(rail, sport) : -1;
-      v.own_same = !crouter.empty() && p.router == crouter && rail == crail;
-      v.peer = peer_of(i);
-      v.excess_ns = queue(rail, sport, "excess_ns");
-      v.threshold_ns = queue(rail, sport, "threshold_ns");
+      v.own.verdict = v.usable ? verdict(rail, sport) : -1;
+      v.own.excess_ns = queue(rail, sport, "excess_ns");
+      v.own.threshold_ns = queue(rail, sport, "threshold_ns");
+      v.own.same = !crouter.empty() && p.router == crouter && rail == crail;
+      auto it = b->peer_view.find(i);
+      if (fresh && it != b->peer_view.end()) v.peer = it->second;
+      p.queue_known = v.own.verdict >= 0;  // for the stats and `shuntctl paths`
+      p.congested = v.own.verdict == 1;
+      p.excess_ns = v.own.excess_ns;
+      p.threshold_ns = v.own.threshold_ns;
+      // What the other side is told: [verdict, queue us, threshold us, same router]
+      if (v.usable && v.own.verdict >= 0)
+        view[std::to_string(i)] = json::array({v.own.verdict, std::round(v.own.excess_ns / 1000),
+                                               std::round(v.own.threshold_ns / 1000), v.own.same ? 1 : 0});
     };
     if (!b->prim.down) {
       CarrierView v;
@@ -1531,25 +1535,12 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       if (static_cast<int>(i) == b->carrier) c = v;
       else others.push_back(v);
     }
-    relative_verdicts(c, others);
-    auto note = [&](const CarrierView& v) {
-      Path& p = P(b, v.path);
-      p.queue_known = v.own >= 0;  // for the stats and `shuntctl paths`
-      p.congested = v.own == 1;
-      p.excess_ns = v.excess_ns;
-      p.threshold_ns = v.threshold_ns;
-      // (the carrier's own verdict as it is: on its own router, but what
-      // the deciding side needs of it is whether it queues)
-      const int said = v.own_same && v.path != c.path ? 2 : v.own;
-      if (v.usable && said >= 0) view[std::to_string(v.path)] = said;
-    };
-    note(c);
-    for (const auto& v : others) note(v);
     if (decides) {
       target = b->chold.tick(now, carrier_target(c, others, b->rng), b->rng);
       if (target >= 0) {
         auto q = [&](const CarrierView& v) {
-          return json{{"path", v.path}, {"queue_us", v.excess_ns / 1000}, {"own", v.own}, {"peer", v.peer}};
+          return json{{"path", v.path}, {"queue_us", v.own.excess_ns / 1000}, {"own", carrier_congested(v.own) ? 1 : v.own.verdict},
+                      {"peer", carrier_congested(v.peer) ? 1 : v.peer.verdict}, {"peer_queue_us", v.peer.excess_ns / 1000}};
         };
         json o = json::array();
         for (const auto& v : others)
@@ -1558,9 +1549,8 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       }
       return target;
     }
-    const std::string d = view.dump();
-    if (d == b->view_sent && now - b->view_sent_ms < 2000) return -1;
-    b->view_sent = d;
+    // Told every second (the queues change all the time).
+    if (now - b->view_sent_ms < 1000) return -1;
     b->view_sent_ms = now;
   }
   std::string err;
@@ -1572,14 +1562,22 @@ json answer_steer_view(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
   const json& v = req.contains("view") ? req["view"] : json();
-  if (!v.is_object() || v.size() > 4096) return {{"error", "view: an object of path -> 0, 1 or 2 expected"}};
-  std::map<int, int> m;
+  const char* expect = "view: an object of path -> [verdict -1..1, queue us, threshold us, same router 0|1] expected";
+  if (!v.is_object() || v.size() > 4096) return {{"error", expect}};
+  std::map<int, CarrierDir> m;
   for (const auto& [k, x] : v.items()) {
     char* end = nullptr;
     long i = std::strtol(k.c_str(), &end, 10);
-    if (end == k.c_str() || *end || i < kPrimary || i > 4096 || !x.is_number_integer() || x < 0 || x > 2)
-      return {{"error", "view: an object of path -> 0, 1 or 2 expected"}};
-    m[static_cast<int>(i)] = x.get<int>();
+    if (end == k.c_str() || *end || i < kPrimary || i > 4096 || !x.is_array() || x.size() != 4 ||
+        !x[0].is_number_integer() || x[0] < -1 || x[0] > 1 || !x[1].is_number() || x[1] < 0 || !x[2].is_number() ||
+        x[2] < 0 || !x[3].is_number_integer())
+      return {{"error", expect}};
+    CarrierDir d;
+    d.verdict = x[0].get<int>();
+    d.excess_ns = x[1].get<double>() * 1000;
+    d.threshold_ns = x[2].get<double>() * 1000;
+    d.same = x[3].get<int>() != 0;
+    m[static_cast<int>(i)] = d;
   }
   std::lock_guard l(b->lk);
   b->peer_view = std::move(m);
@@ -3922,7 +3920,8 @@ json bundle_json(const QpRecord& r) {
           {"carrier_steering",
            !b->carrier_steer ? json(nullptr) : [&] {
              json pv = json::object();
-             for (const auto& [i, v] : b->peer_view) pv[std::to_string(i)] = v;
+             for (const auto& [i, v] : b->peer_view)
+               pv[std::to_string(i)] = json::array({v.verdict, std::round(v.excess_ns / 1e6), v.same ? 1 : 0});
              return json{{"application_qp_router", b->prim.router},
                          {"peer_view", pv},
                          {"peer_view_age_ms", b->peer_view_ms ? mono_ms() - b->peer_view_ms : -1},

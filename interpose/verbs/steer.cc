@@ -63,24 +63,32 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
   return r;
 }
 
-void relative_verdicts(CarrierView& carrier, std::vector<CarrierView>& others) {
-  if (carrier.own == 1 && carrier.excess_ns < kCarrierQueueNoise * carrier.threshold_ns) carrier.own = 0;
-  if (carrier.own < 0 || carrier.excess_ns <= 0) return;
-  for (auto& o : others)
-    if (o.own == 1 && o.excess_ns * kCarrierClearRatio < carrier.excess_ns &&
-        o.excess_ns < std::max(kCarrierClearNoise * o.threshold_ns, kCarrierClearFloorNs))
-      o.own = 0;
+bool carrier_congested(const CarrierDir& c) {
+  return c.verdict == 1 && c.excess_ns >= kCarrierQueueNoise * c.threshold_ns;
 }
 
+namespace {
+double clear_floor(const CarrierDir& t) { return std::max(kCarrierClearNoise * t.threshold_ns, kCarrierClearFloorNs); }
+
+bool clears(const CarrierDir& t, const CarrierDir& c) {
+  return carrier_congested(c) && t.verdict >= 0 &&
+         (t.verdict == 0 || (t.excess_ns * kCarrierClearRatio < c.excess_ns && t.excess_ns < clear_floor(t)));
+}
+
+bool no_worse(const CarrierDir& t, const CarrierDir& c) {
+  if (t.same || t.verdict == 0) return true;
+  if (t.verdict < 0) return c.verdict < 0;  // nothing known that way at all: no objection
+  return t.excess_ns <= 2 * c.excess_ns || t.excess_ns < clear_floor(t);
+}
+}  // namespace
+
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng) {
-  if (carrier.own != 1 && carrier.peer != 1) return -1;
+  if (!carrier_congested(carrier.own) && !carrier_congested(carrier.peer)) return -1;
   std::vector<int> clear;
   for (const auto& o : others) {
     if (o.path == carrier.path || !o.usable) continue;
-    const bool ours_ok = o.own == 0 || o.own_same;
-    const bool theirs_ok = o.peer != 1;  // clear, the same router, or not told
-    const bool clears = (carrier.own == 1 && o.own == 0) || (carrier.peer == 1 && o.peer == 0);
-    if (ours_ok && theirs_ok && clears) clear.push_back(o.path);
+    if (!no_worse(o.own, carrier.own) || !no_worse(o.peer, carrier.peer)) continue;
+    if (clears(o.own, carrier.own) || clears(o.peer, carrier.peer)) clear.push_back(o.path);
   }
   if (clear.empty()) return -1;
   return clear[std::uniform_int_distribution<size_t>(0, clear.size() - 1)(rng)];

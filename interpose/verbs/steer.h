@@ -56,43 +56,50 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
 // its halves' source ports, where a half on its carrier's spine queues with
 // the carrier's own traffic: the same spine, no worse), and the other
 // side tells the deciding side its verdicts.
+// One direction of a path (one end's half): the probes' verdict on its
+// forward queue (-1 not known, 0 clear, 1 congested over the path's noise
+// threshold), the queue itself and that threshold, and whether the half
+// crosses the router the carrier's half in that direction crosses.
+struct CarrierDir {
+  int verdict = -1;
+  double excess_ns = 0;
+  double threshold_ns = 0;
+  bool same = false;
+};
+
 struct CarrierView {
   int path = -1;       // the bundle's path index (the application's QP: kPrimary)
   bool usable = true;  // up and off probation
-  int own = -1;        // our forward queue: -1 not known, 0 clear, 1 congested
-  bool own_same = false;  // our half crosses the router our carrier's half crosses
-  int peer = -1;       // the peer's verdict on its half: -1, 0, 1 likewise, 2 the same router as its carrier's
-  double excess_ns = 0;
-  double threshold_ns = 0;  // the probes' noise threshold for its queue
+  CarrierDir own;      // our direction
+  CarrierDir peer;     // the peer's, as it told the deciding side (verdict -1 where it told nothing)
 };
 
-// The probes' own verdict (a queue over the path's noise threshold) is too
-// fine for this: the thresholds come from an idle fabric, and on a loaded
-// host a spine that carries nothing of the job's shows a few ms (0.6-4.6
-// ms on the soft-RoCE guests, against 45-100 on the spine two jobs shared).
-// A path whose queue is under 1/kCarrierClearRatio of the carrier's, and
-// under kCarrierClearNoise times its threshold or kCarrierClearFloorNs,
-// counts as clear in that direction (paths, carrier included, as the probes
-// judged them on input). The second bound: where the spines are slower
-// than the NICs a job alone fills its own spine's queue (98 ms in one run)
-// while another job's spine, its flow window-limited, showed 16 ms, a
-// fifth of it, and the job moved onto the other's spine.
-// And the carrier itself counts as congested only with a queue of at
-// least kCarrierQueueNoise times its threshold: on an idle fabric a carrier
-// at 0.5 ms, over its noise threshold, moved to a path at 0.1 ms.
-void relative_verdicts(CarrierView& carrier, std::vector<CarrierView>& others);
-constexpr double kCarrierQueueNoise = 10;
-constexpr double kCarrierClearRatio = 5;
-constexpr double kCarrierClearNoise = 3;
-constexpr double kCarrierClearFloorNs = 5e6;
-
-// The path the carrier should move to now, or -1. The target must clear a
-// congested direction of the carrier (congested there, clear on the
-// target) and make neither direction worse (each clear, or on the
-// carrier's router; a peer that told nothing of a path does not object).
+// The probes' verdicts alone are too fine for this: their thresholds come
+// from an idle fabric, and on loaded soft-RoCE guests every path is
+// "congested": a spine that carries nothing of the job's shows 0.6-11 ms,
+// the spine two jobs share 45-250 ms, a spine one job fills alone 90-130
+// ms (where the spines are slower than the NICs a job fills its own
+// spine's queue; on a fabric as fast as its NICs only shared links queue).
+// So, per direction, against the carrier's half in it:
+// - the carrier is congested there when the probes say so and its queue is
+//   at least kCarrierQueueNoise thresholds (on an idle fabric one moved at
+//   0.5 ms);
+// - a path clears it when its queue is under 1/kCarrierClearRatio of the
+//   carrier's and under the larger of kCarrierClearNoise thresholds and
+//   kCarrierClearFloorNs (a job alone at 98 ms once moved onto the other
+//   job's spine, whose window-limited flow showed 16 ms);
+// - a path is no worse there when it is clear by its probes, on the
+//   carrier's router, under twice the carrier's queue or under that floor.
+//   A direction nothing is known of (the peer told nothing) does not object.
+// The target must clear a congested direction and be no worse in either.
 // Among several, a random one (bundles of two jobs on the same spine
 // should not both pick the same free path every time).
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng);
+bool carrier_congested(const CarrierDir& c);
+constexpr double kCarrierQueueNoise = 10;
+constexpr double kCarrierClearRatio = 8;
+constexpr double kCarrierClearNoise = 3;
+constexpr double kCarrierClearFloorNs = 20e6;
 
 // The hold before a move: the carrier must stay congested with a clear
 // path for a random time in [kCarrierHoldMinMs, max) (so of two jobs that

@@ -241,6 +241,23 @@ TEST(Steer, UnknownPathsKeepTheirShare) {
 // both spines. A spine with a job's carrier on it queues (each job alone
 // fills a spine), and the probes see a spine's state `lag_ms` late.
 namespace {
+// A path's view: our queue and the peer's (ms; -1: not known), each with a
+// threshold of 1 ms and the probes' verdict "congested" from 3 ms on.
+CarrierDir dir(double ms, bool same = false) {
+  CarrierDir d;
+  if (ms < 0) return d;
+  d.verdict = ms >= 3 ? 1 : 0;
+  d.excess_ns = ms * 1e6;
+  d.threshold_ns = 1e6;
+  d.same = same;
+  return d;
+}
+CarrierView view(int path, double own, double peer, bool usable = true, bool own_same = false) {
+  CarrierView v;
+  v.path = path, v.usable = usable, v.own = dir(own, own_same), v.peer = dir(peer);
+  return v;
+}
+
 struct PinnedJob {
   int carrier_spine = 0;
   CarrierHold hold;
@@ -268,17 +285,13 @@ PinnedRun run_pinned(int seed, int a, int b, int64_t ms, int64_t lag_ms) {
     while (load.size() > 1 && load[1].first <= t - lag_ms) load.pop_front();
     const auto& seen = load.front().second;  // what the probes show now
     for (auto& j : jobs) {
-      // Paths 0..3: even ones on spine 0, odd ones on spine 1.
-      CarrierView c;
-      c.path = 100;
-      c.own = seen[j.carrier_spine] ? 1 : 0;
+      // Paths 0..3: even ones on spine 0, odd ones on spine 1. A spine a
+      // job's carrier crosses queues 100 ms per carrier on it, an idle one
+      // 1 ms.
+      auto q = [&](int spine) { return seen[spine] ? 100.0 * seen[spine] : 1.0; };
+      CarrierView c = view(100, q(j.carrier_spine), -1);
       std::vector<CarrierView> others;
-      for (int p = 0; p < 4; p++) {
-        CarrierView v;
-        v.path = p;
-        v.own = seen[p % 2] ? 1 : 0;
-        others.push_back(v);
-      }
+      for (int p = 0; p < 4; p++) others.push_back(view(p, q(p % 2), -1, true, p % 2 == j.carrier_spine));
       int to = j.hold.tick(t, carrier_target(c, others, rng), rng);
       if (to < 0) continue;
       j.carrier_spine = to % 2;
@@ -295,79 +308,62 @@ PinnedRun run_pinned(int seed, int a, int b, int64_t ms, int64_t lag_ms) {
 }
 }  // namespace
 
-CarrierView view(int path, int own, int peer, bool usable = true, bool own_same = false) {
-  CarrierView v;
-  v.path = path, v.own = own, v.peer = peer, v.usable = usable, v.own_same = own_same;
-  return v;
-}
-
 TEST(CarrierSteer, MovesOnlyWhereItClearsACongestedDirectionAndWorsensNone) {
   std::mt19937 rng(1);
-  CarrierView c = view(-1, 1, -1);
-  std::vector<CarrierView> o = {view(0, 1, -1), view(1, 0, -1), view(2, 0, -1, false), view(3, -1, -1),
-                                view(4, 0, 1), view(5, 1, 0, true, true)};
-  // Congested, down, unknown, congested at the peer's end, and on our
-  // carrier's own router (no better in our direction): only path 1.
-  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 1);
-  c.own = 0;
-  EXPECT_EQ(carrier_target(c, o, rng), -1);  // nothing queues on the carrier: stay
-  // The peer's direction queues, ours is fine where the carrier is: a path
-  // clear at the peer's end and in ours no worse (clear, or our carrier's
-  // router): path 5; path 1 is not known to clear the peer's.
-  c.peer = 1;
-  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 5);
-  o[5].own_same = false;  // the other router, which queues: it would collide in our direction
-  EXPECT_EQ(carrier_target(c, o, rng), -1);
-  // Every path queues (each job fills its own spine): stay.
-  c.own = 1;
-  c.peer = -1;
-  for (auto& x : o) x.own = 1;
-  EXPECT_EQ(carrier_target(c, o, rng), -1);
-  // Several clear paths: each is taken some of the time.
-  for (auto& x : o) x.own = 0, x.usable = true, x.peer = -1;
+  // As on the soft-RoCE guests: two jobs on our spine (200 ms), the other
+  // spine idle but for the loaded hosts' noise (10 ms, over its threshold).
+  CarrierView c = view(-1, 200, -1);
+  std::vector<CarrierView> o = {view(0, 180, -1), view(1, 10, -1), view(2, 10, -1, false), view(3, -1, -1),
+                                view(4, 10, 150), view(5, 190, -1, true, true)};
+  o[4].peer.threshold_ns = 1e6;
+  // Congested, down, not known, on our carrier's own router (no better
+  // here), and 150 ms the peer's way (it told nothing of its carrier, but
+  // that queue is no place to go): path 1 only.
   std::set<int> picked;
-  for (int i = 0; i < 300; i++) picked.insert(carrier_target(c, o, rng));
-  EXPECT_EQ(picked.size(), o.size());
+  for (int i = 0; i < 100; i++) picked.insert(carrier_target(c, o, rng));
+  EXPECT_EQ(picked, (std::set<int>{1}));
+  o[4].peer = dir(2);  // calm the peer's way: path 4 too
+  picked.clear();
+  for (int i = 0; i < 100; i++) picked.insert(carrier_target(c, o, rng));
+  EXPECT_EQ(picked, (std::set<int>{1, 4}));
+  o[4].peer = dir(150);
+  // The peer told of its carrier too (5 ms, calm): path 4 would take the
+  // peer's direction from 5 to 150 ms.
+  c.peer = dir(5);
+  for (auto& x : o) if (x.peer.verdict < 0) x.peer = dir(5);
+  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 1);
+  // Nothing queues on the carrier (the probes' verdict, or under ten of its
+  // thresholds: 0.5 ms on an idle fabric): stay.
+  c.own = dir(0.5);
+  c.own.verdict = 1;
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
+  // The peer's direction queues, ours is calm: a path that clears the
+  // peer's and is no worse in ours (path 5 is on our carrier's router).
+  c.own = dir(2);
+  c.peer = dir(120);
+  for (auto& x : o) x.peer = dir(110);
+  o[5].peer = dir(4);
+  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 5);
+  o[5].own.same = false;  // its own queue (190 ms) against our 2 ms: worse
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
 }
 
-TEST(CarrierSteer, APathQueuingAFifthOfTheCarrierIsClear) {
-  // As on the soft-RoCE guests: two jobs on one spine queue 45-100 ms, the
-  // idle spine's paths 0.6-4.6 ms, over thresholds learned while idle.
-  CarrierView c = view(-1, 1, -1);
-  c.excess_ns = 60e6;
-  std::vector<CarrierView> o = {view(0, 1, -1), view(1, 1, -1), view(2, -1, -1), view(3, 0, -1)};
-  o[0].excess_ns = 4.6e6, o[1].excess_ns = 50e6, o[2].excess_ns = 0.1e6, o[3].excess_ns = 0.2e6;
-  relative_verdicts(c, o);
-  EXPECT_EQ(o[0].own, 0);   // a few ms against 60: clear
-  EXPECT_EQ(o[1].own, 1);   // the other job's spine, as busy: stays congested
-  EXPECT_EQ(o[2].own, -1);  // not known stays not known
-  EXPECT_EQ(o[3].own, 0);
+TEST(CarrierSteer, BusySpinesAreNotClear) {
   std::mt19937 rng(3);
-  EXPECT_NE(carrier_target(c, o, rng), 1);
-  // A job alone fills its spine (98 ms) while the other job's spine, its
-  // flow window-limited, shows 16 ms: not clear (over 3 thresholds and 5 ms).
-  CarrierView alone = view(-1, 1, -1);
-  alone.excess_ns = 98e6;
-  std::vector<CarrierView> busy = {view(0, 1, -1), view(1, 1, -1)};
-  busy[0].excess_ns = 16e6, busy[0].threshold_ns = 1.8e6;
-  busy[1].excess_ns = 4e6, busy[1].threshold_ns = 1.8e6;
-  relative_verdicts(alone, busy);
-  EXPECT_EQ(busy[0].own, 1);
-  EXPECT_EQ(busy[1].own, 0);
-  // An idle fabric: the carrier's 0.5 ms is over its threshold (0.1 ms)
-  // but under ten of them: no congestion, nothing moves.
-  CarrierView idle = view(-1, 1, -1);
-  idle.excess_ns = 0.5e6, idle.threshold_ns = 0.1e6;
-  std::vector<CarrierView> calm = {view(0, 0, -1)};
-  calm[0].excess_ns = 0.1e6;
-  relative_verdicts(idle, calm);
-  EXPECT_EQ(idle.own, 0);
-  EXPECT_EQ(carrier_target(idle, calm, rng), -1);
   // Apart: each job fills its own spine, the other's paths queue as much.
-  o[0].own = 1, o[0].excess_ns = 55e6;
-  o[3].own = 1, o[3].excess_ns = 40e6;
-  relative_verdicts(c, o);
+  CarrierView c = view(-1, 100, -1);
+  std::vector<CarrierView> o = {view(0, 90, -1), view(1, 120, -1), view(2, 100, -1, true, true)};
   EXPECT_EQ(carrier_target(c, o, rng), -1);
+  // A job alone fills its spine (98 ms) while the other job's spine, its
+  // flow window-limited, shows 16 ms: under the 20 ms floor, but not under
+  // an eighth of 98.
+  c = view(-1, 98, -1);
+  o = {view(0, 16, -1)};
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
+  // Two jobs on one spine at 45 ms, the idle spine at 4.6: clear.
+  c = view(-1, 45, -1);
+  o = {view(0, 4.6, -1)};
+  EXPECT_EQ(carrier_target(c, o, rng), 0);
 }
 
 TEST(CarrierSteer, HoldsARandomTimeAndDwellsAfterAMove) {
