@@ -43,7 +43,11 @@ SPREADS=${BUNDLE_BENCH_SPREAD:-split auto}
 PATHS=${BUNDLE_BENCH_PATHS:-8}
 QUEUE_MS=${BUNDLE_BENCH_QUEUE_MS:-1000}
 # BUNDLE_BENCH_ENV="VAR=VALUE ...": more of libshunt's settings for the runs with it
-up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2
+# carrier steering needs probes that follow each path: routers hashing
+# addresses and UDP source port only (the probes go to another port)
+hash=()
+case " $SPREADS " in *" carrier "*) hash=(--ecmp-hash sport) ;; esac
+up --hosts 4 --rails 1 --spines 2 --hosts-per-leaf 2 "${hash[@]}"
 # A deep queue (1 s), small messages and a long ACK timeout (--qp-timeout
 # 18, about 1 s): rxe 6.1 recovers badly from drops and retransmissions
 # (go-back-N after a timeout, at worst a remote invalid request error, seen
@@ -168,7 +172,7 @@ for q in json.load(sys.stdin)["verbs"]["qps"]:
             c = b["carrier_steering"]
             print("      queues (ms, C congested, router):", " ".join("%d:%.1f%s@%s" % (i, p["queue"]["excess_ns"] / 1e6,
                   "C" if p["queue"]["congested"] else "", (p.get("router") or "?").split(".")[-1]) for i, p in enumerate(b["paths"]) if p.get("queue")),
-                  "; application QP via", c["application_qp_router"] or "?", "; the peer said", c["peer_view"], "%d ms ago" % c["peer_view_age_ms"])' || true
+                  "; carrier [verdict, ms, threshold ms]", [round(x, 1) for x in c["carrier_queue"]], "; application QP via", c["application_qp_router"] or "?", "; the peer said", c["peer_view"], "%d ms ago" % c["peer_view_age_ms"])' || true
   done
   [ -n "${with[$sp,collided]:-}" ] && [ -n "${with[$sp,apart]:-}" ] && break
 done; done

@@ -324,6 +324,7 @@ struct Bundle {
   bool carrier_steer = false;
   CarrierHold chold;
   std::map<int, CarrierDir> peer_view;
+  CarrierDir carrier_dir;  // our carrier's queue at the last steering round
   int64_t peer_view_ms = 0;
   int64_t view_sent_ms = 0;
   uint64_t carrier_steers = 0;
@@ -1535,6 +1536,7 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       if (static_cast<int>(i) == b->carrier) c = v;
       else others.push_back(v);
     }
+    b->carrier_dir = c.own;
     if (decides) {
       target = b->chold.tick(now, carrier_target(c, others, b->rng), b->rng);
       if (target >= 0) {
@@ -3923,6 +3925,8 @@ json bundle_json(const QpRecord& r) {
              for (const auto& [i, v] : b->peer_view)
                pv[std::to_string(i)] = json::array({v.verdict, std::round(v.excess_ns / 1e6), v.same ? 1 : 0});
              return json{{"application_qp_router", b->prim.router},
+                         {"carrier_queue", json::array({b->carrier_dir.verdict, b->carrier_dir.excess_ns / 1e6,
+                                                        b->carrier_dir.threshold_ns / 1e6})},
                          {"peer_view", pv},
                          {"peer_view_age_ms", b->peer_view_ms ? mono_ms() - b->peer_view_ms : -1},
                          {"hold_window_ms", b->chold.window_ms()},
