@@ -23,15 +23,8 @@ KEY=steer-$$
 a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
 sport_watch
 
-# Each host's agent first (the first preloaded process to open a socket),
-# so its probe engine knows the peer's clear base delay before the job.
-agent() {  # HOST OWN PEER
-  fab exec "$1" -- env LD_PRELOAD="$LIB" SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$2" SHUNT_PROBE_NAME="$2" \
-    SHUNT_PEERS="$3=$3" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 \
-    python3 -c "import socket, time; s = socket.socket(); time.sleep(200)" > "$TMP/agent-$1.log" 2>&1 &
-}
-agent h1 "$a1" "$a2"
-agent h2 "$a2" "$a1"
+probe_agent h1 "$a1" "$a2"
+probe_agent h2 "$a2" "$a1"
 sleep 6
 
 rank() {  # RANK HOST

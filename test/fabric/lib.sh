@@ -132,6 +132,16 @@ EOF
 }
 
 # sport_seen SPINE SET -> the ADDR:PORT pairs sport_watch saw there
+# probe_agent HOST OWN PEER: the host's agent first (the first preloaded
+# process to open a socket; this one only sleeps), probing PEER from OWN
+# every 50 ms under $KEY, so its probe engine knows the peer's clear base
+# delay before a job loads the fabric. Log: $TMP/agent-HOST.log.
+probe_agent() {
+  fab exec "$1" -- env LD_PRELOAD="$LIB" SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$2" SHUNT_PROBE_NAME="$2" \
+    SHUNT_PEERS="$3=$3" SHUNT_PROBE_INTERVAL_MS=50 SHUNT_PATH_DEAD_MS=8000 \
+    python3 -c "import socket, time; s = socket.socket(); time.sleep(200)" > "$TMP/agent-$1.log" 2>&1 &
+}
+
 sport_seen() {
   ip netns exec "sf-$NAME-$1" nft -j list set ip sportseen "$2" | python3 -c '
 import json, sys
