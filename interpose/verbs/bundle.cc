@@ -1452,12 +1452,12 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
 }
 
 // Steering a pinned bundle (steer.h): every SHUNT_STEER_INTERVAL_MS, each
-// end's verdicts on its halves' forward queues (its host agent's probes of
-// their source ports, the application QP's included). The other side tells
-// the deciding side its own when they change (else every 2 s); the
-// deciding side returns the path to move the carrier to once the hold has
-// passed, else -1, with the queues that made it in *why. Never under the
-// data path's lock across a request.
+// end reads its halves' forward queues (its host agent's probes of their
+// source ports, the application QP's included). The other side tells the
+// deciding side its own every second; the deciding side returns the path
+// to move the carrier to once the hold has passed, else -1, with the
+// queues that made it in *why. Never under the data path's lock across a
+// request.
 int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why) {
   // The application QP's router: discovery placed the shadows, not it.
   // Asked every 2 s until a router answers, 10 times at most.
