@@ -84,11 +84,17 @@ bool no_worse(const CarrierDir& t, const CarrierDir& c) {
 
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng) {
   if (!carrier_congested(carrier.own) && !carrier_congested(carrier.peer)) return -1;
+  // Those that clear the most congested directions (both, where both
+  // queue and some path clears both).
   std::vector<int> clear;
+  int best = 1;
   for (const auto& o : others) {
     if (o.path == carrier.path || !o.usable) continue;
     if (!no_worse(o.own, carrier.own) || !no_worse(o.peer, carrier.peer)) continue;
-    if (clears(o.own, carrier.own) || clears(o.peer, carrier.peer)) clear.push_back(o.path);
+    const int n = clears(o.own, carrier.own) + clears(o.peer, carrier.peer);
+    if (n < best) continue;
+    if (n > best) clear.clear(), best = n;
+    clear.push_back(o.path);
   }
   if (clear.empty()) return -1;
   return clear[std::uniform_int_distribution<size_t>(0, clear.size() - 1)(rng)];

@@ -91,8 +91,10 @@ struct CarrierView {
 // - a path is no worse there when it is clear by its probes, on the
 //   carrier's router, under twice the carrier's queue or under that floor.
 //   A direction nothing is known of (the peer told nothing) does not object.
-// The target must clear a congested direction and be no worse in either.
-// Among several, a random one (bundles of two jobs on the same spine
+// The target must clear a congested direction and be no worse in either;
+// where both directions queue, a path that clears both wins over one that
+// clears one (fabric test 61 once moved to a path that cleared the peer's
+// direction and kept its own on the slowed spine). Among several, a random one (bundles of two jobs on the same spine
 // should not both pick the same free path every time).
 int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& others, std::mt19937& rng);
 bool carrier_congested(const CarrierDir& c);

@@ -348,6 +348,19 @@ TEST(CarrierSteer, MovesOnlyWhereItClearsACongestedDirectionAndWorsensNone) {
   EXPECT_EQ(carrier_target(c, o, rng), -1);
 }
 
+TEST(CarrierSteer, APathThatClearsBothDirectionsWins) {
+  std::mt19937 rng(4);
+  // Both directions queue at the carrier; path 0 clears the peer's only
+  // (ours stays on a spine as busy, under the floor), path 1 clears both.
+  CarrierView c = view(-1, 15, 90);
+  std::vector<CarrierView> o = {view(0, 12, 2), view(1, 1, 2), view(2, 1, 95)};
+  for (int i = 0; i < 50; i++) EXPECT_EQ(carrier_target(c, o, rng), 1);
+  o[1].usable = false;  // none clears both: one that clears one (path 2 is no worse the peer's way, but clears ours)
+  std::set<int> picked;
+  for (int i = 0; i < 100; i++) picked.insert(carrier_target(c, o, rng));
+  EXPECT_EQ(picked, (std::set<int>{0, 2}));
+}
+
 TEST(CarrierSteer, BusySpinesAreNotClear) {
   std::mt19937 rng(3);
   // Apart: each job fills its own spine, the other's paths queue as much.
