@@ -57,10 +57,7 @@ PY
 done
 [ -n "$slow_spine" ] || fail "h1's application QP was not seen on one spine"
 other=s1; [ "$slow_spine" = s1 ] && other=s2
-t0=$(date +%s.%N); snap c0; sleep 3; snap c1; t1=$(date +%s.%N)
-sent=$(delta c0 c1 "l1r0-$slow_spine" up_bytes) || fail "counters of l1r0-$slow_spine"
-limit=$(python3 -c "import sys; print(round(max(0.3, int(sys.argv[1]) * 8 / (float(sys.argv[3]) - float(sys.argv[2])) / 1e6 / 3), 2))" "$sent" "$t0" "$t1")
-fab fault rate "l1r0-$slow_spine" "$limit" --queue-ms 1000 >/dev/null || fail "rate l1r0-$slow_spine"
+slow_to_third "l1r0-$slow_spine"
 fault_ns=$(fab exec h1 -- python3 -c 'import time; print(time.monotonic_ns())')
 note "h1's uplink to $slow_spine (its carrier's) limited to $limit Mbit/s (it carried $sent bytes in $(python3 -c "print(round($t1 - $t0, 1))") s)"
 # Until h1's traffic crosses the other spine (3 s windows, 25 s at most):

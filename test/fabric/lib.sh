@@ -142,6 +142,17 @@ probe_agent() {
     python3 -c "import socket, time; s = socket.socket(); time.sleep(200)" > "$TMP/agent-$1.log" 2>&1 &
 }
 
+# slow_to_third LINK: limits LINK (up) to a third of the rate it carried
+# over 3 s (at least 0.3 Mbit/s; 1 s of tbf queue): the rate follows the
+# host's speed (soft-RoCE on emulated CPUs), so a fixed limit may not bind.
+# Sets sent (bytes in that window), t0 and t1 (its ends) and limit (Mbit/s).
+slow_to_third() {
+  t0=$(date +%s.%N); snap c0; sleep 3; snap c1; t1=$(date +%s.%N)
+  sent=$(delta c0 c1 "$1" up_bytes) || fail "counters of $1"
+  limit=$(python3 -c "import sys; print(round(max(0.3, int(sys.argv[1]) * 8 / (float(sys.argv[3]) - float(sys.argv[2])) / 1e6 / 3), 2))" "$sent" "$t0" "$t1")
+  fab fault rate "$1" "$limit" --queue-ms 1000 >/dev/null || fail "rate $1"
+}
+
 sport_seen() {
   ip netns exec "sf-$NAME-$1" nft -j list set ip sportseen "$2" | python3 -c '
 import json, sys
