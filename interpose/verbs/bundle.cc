@@ -333,6 +333,11 @@ struct Bundle {
   // host after a burst, which the shadows' discovery spent).
   int64_t prim_router_next_ms = 0;
   int prim_router_tries = 0;
+  // split's balance of the routers: the carrier it counts for, and the
+  // bundle's and that carrier's bytes when it began
+  int bal_carrier = -2;
+  uint64_t bal_all = 0, bal_carrier_bytes = 0;
+  int prim_router_fd = -1;  // its datagram's socket while the answer is awaited (failover worker only)
   // Stall watch: every usable path stalled at its last look (none failed
   // for it), and how many times that began.
   bool all_stalled = false;
@@ -906,14 +911,16 @@ void wake_worker(Bundle* b);
 // failure: it asks the host agent what the probes of its shadows' source
 // ports say, fails a path whose probes are lost (fail_silent_paths), and
 // steers a split bundle by the paths' queues (steer_tick) or moves a pinned
-// one's carrier off a congested path (carrier_steer_tick).
+// one's carrier off a congested path (carrier_steer_tick). A split
+// bundle's worker runs from the start too, to learn its application QP's
+// router (ask_prim_router), which balancing its splits needs.
 void start_steering(Bundle* b) {
-  bool probed;
+  bool start;
   {
     std::lock_guard g(b->mu);
-    probed = b->probed && !b->dead;
+    start = (b->probed || b->split) && !b->dead;
   }
-  if (probed) wake_worker(b);
+  if (start) wake_worker(b);
 }
 
 // Discovery's answers for (local, peer) from the host agent, which sends
@@ -1451,6 +1458,45 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
                              {"paths", paths}});
 }
 
+// The application QP's router: discovery placed the shadows, not it.
+// Asked every 2 s until a router answers, 10 times at most (none answers
+// where the host agent probes from its port: discovery cannot bind it).
+// Carrier steering judges paths on its spine by it, and split keeps the
+// carrier's own bytes in the balance of the routers. From the failover
+// worker, outside every lock across the wait.
+// Its datagram is answered in a later round of the worker, never waited
+// for: behind a spine's full queue the router's answer took longer than
+// discovery's 100 ms (the bundles bench, 1 s queues), and a failover
+// must not wait behind it.
+void ask_prim_router(Bundle* b) {
+  const int64_t t = mono_ms();
+  if (b->prim_router_fd >= 0) {
+    std::string hop;
+    const bool answered = hop_answer(b->prim_router_fd, &hop);
+    if (!answered && t < b->prim_router_next_ms) return;
+    close(b->prim_router_fd);
+    b->prim_router_fd = -1;
+    if (answered && !hop.empty()) {
+      std::lock_guard l(b->lk);
+      b->prim.router = hop;
+      return;
+    }
+  }
+  std::string lip, rip;
+  uint16_t psport = 0;
+  {
+    std::lock_guard l(b->lk);
+    if (b->prim.router.empty() && !b->prim.down && path_sport(b->prim) && b->prim_router_tries < 10 &&
+        t >= b->prim_router_next_ms && config().num(Param::path_discovery_ms) > 0 && gid_v4(b->lgid, &lip) &&
+        gid_v4(b->rgid, &rip)) {
+      psport = static_cast<uint16_t>(path_sport(b->prim));
+      b->prim_router_next_ms = t + 2000;  // the answer's deadline, then the next try's time
+      b->prim_router_tries++;
+    }
+  }
+  if (psport) b->prim_router_fd = hop_send(lip, rip, psport, 2);
+}
+
 // Steering a pinned bundle (steer.h): every SHUNT_STEER_INTERVAL_MS, each
 // end reads its halves' forward queues (its host agent's probes of their
 // source ports, the application QP's included). The other side tells the
@@ -1459,26 +1505,6 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
 // queues that made it in *why. Never under the data path's lock across a
 // request.
 int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why) {
-  // The application QP's router: discovery placed the shadows, not it.
-  // Asked every 2 s until a router answers, 10 times at most.
-  std::string lip, rip;
-  uint16_t psport = 0;
-  {
-    std::lock_guard l(b->lk);
-    const int64_t t = mono_ms();
-    if (b->prim.router.empty() && !b->prim.down && path_sport(b->prim) && b->prim_router_tries < 10 &&
-        t >= b->prim_router_next_ms && gid_v4(b->lgid, &lip) && gid_v4(b->rgid, &rip)) {
-      psport = static_cast<uint16_t>(path_sport(b->prim));
-      b->prim_router_next_ms = t + 2000;
-      b->prim_router_tries++;
-    }
-  }
-  if (psport) {
-    const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
-    auto hops = wait_ms > 0 ? hops_of_ports(lip, rip, {psport}, 2, wait_ms, wait_ms) : std::vector<std::string>{};
-    std::lock_guard l(b->lk);
-    if (!hops.empty()) b->prim.router = hops[0];
-  }
   auto verdict = [&](int rail, uint32_t sport) {
     if (!sport) return -1;
     auto it = stats.find({rail, sport});
@@ -2000,6 +2026,47 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
     sum += p.share = std::clamp(p.share * k / raw, 0.25, 4.0);
   }
   const uint64_t head = len - kSplitTail;
+  // The carrier's own bytes (the tails, whatever is not split) cross its
+  // router as well: the shadows there take that much less of the head,
+  // so that each router carries its paths' shares of all the bundle's
+  // bytes, not of the heads only. A message like this one brings the
+  // carrier its part of the bundle's bytes so far (c: the tails, and
+  // messages too small to split); the routers' shares apply to head + c,
+  // and the carrier's router's shadows give up c between them. Two split jobs whose application QPs met on one
+  // spine had that spine full and the other at 88% without it
+  // (bench/bundles.sh). Where the carrier's router is not known, shares
+  // alone.
+  double want[64];
+  {
+    const Path& cp = P(b, b->carrier);
+    const int crail = b->carrier == kPrimary ? 0 : cp.rail;
+    uint64_t all = b->prim.bytes;
+    for (const auto& p : b->paths) all += p.bytes;
+    // Counted from the first split with this carrier: until the shadows
+    // were up every byte went on the application's QP.
+    if (b->bal_carrier != b->carrier || b->bal_all > all) {
+      b->bal_carrier = b->carrier;
+      b->bal_all = all;
+      b->bal_carrier_bytes = cp.bytes;
+    }
+    const uint64_t cbytes = cp.bytes - std::min(cp.bytes, b->bal_carrier_bytes);
+    all -= b->bal_all;
+    double on_router = 0;
+    auto there = [&](const Path& p) { return !cp.router.empty() && p.router == cp.router && p.rail == crail; };
+    for (int j = 0; j < k; j++)
+      if (there(b->paths[on[j]])) on_router += b->paths[on[j]].share;
+    // (auto: the tail alone; its pinned periods put whole messages on the
+    // carrier, and those are no part of a split's balance)
+    const double c = on_router <= 0 || !all ? 0
+                     : b->spread_auto ? static_cast<double>(len - head)
+                                      : static_cast<double>(len) * static_cast<double>(cbytes) / static_cast<double>(all);
+    for (int j = 0; j < k; j++) {
+      const Path& p = b->paths[on[j]];
+      const double fair = static_cast<double>(head) * p.share / sum;
+      double n = (static_cast<double>(head) + c) * p.share / sum - (there(p) ? c * p.share / on_router : 0);
+      want[j] = std::clamp(n, fair / 4, fair * 4);
+    }
+  }
   uint64_t off = 0;
   const int last = b->last;
   SplitGroup grp;
@@ -2008,7 +2075,7 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   grp.len = len;
   grp.rkey = w->wr.rdma.rkey;
   for (int j = 0; j < k; j++) {
-    uint64_t n = static_cast<uint64_t>(static_cast<double>(head) * b->paths[on[j]].share / sum) & ~uint64_t(63);
+    uint64_t n = static_cast<uint64_t>(want[j]) & ~uint64_t(63);
     n = std::max<uint64_t>(n, 64);
     if (j + 1 == k || off + n > head) n = head - off;
     if (n == 0) break;
@@ -2932,7 +2999,10 @@ void run_worker(Bundle* b) {
   ReentryGuard guard;
   struct Exit {
     Bundle* b;
-    ~Exit() { b->worker_exited.store(true); }
+    ~Exit() {
+      if (b->prim_router_fd >= 0) close(b->prim_router_fd), b->prim_router_fd = -1;
+      b->worker_exited.store(true);
+    }
   } exit{b};
   pthread_setname_np(pthread_self(), "shunt-failover");
   const bool decides = initiates(b);
@@ -2980,6 +3050,7 @@ void run_worker(Bundle* b) {
       // Renewed shadows: their new ports (nothing to ask while unchanged).
       if (register_probe_paths(b)) ask.ports_registered();
     }
+    if (b->split || b->carrier_steer) ask_prim_router(b);
     const bool steer_due = probed && (b->split || b->carrier_steer) && b->steer_queue && t >= next_steer;
     int steer_to = -1;
     json steer_why;
@@ -3902,6 +3973,7 @@ json bundle_json(const QpRecord& r) {
                        {"bytes", b->prim.bytes},
                        {"in_flight", b->prim.posted - b->prim.done},
                        {"fails", b->prim.fails},
+                       {"router", b->prim.router},
                        {"udp_sport", path_sport(b->prim) ? json(path_sport(b->prim)) : json(nullptr)}}},
           {"active", b->active.load()},
           {"paths", paths},
@@ -4098,6 +4170,12 @@ void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min) {
   b->split = spread >= 2;
   b->spread_auto = spread == 3;
   b->split_min = split_min;
+}
+
+void bundle_router_for_test(QpRecord* r, int path, const std::string& router) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard l(b->lk);
+  P(b, path < 0 ? kPrimary : path).router = router;
 }
 
 void bundle_detach_for_test(QpRecord* r) {

@@ -105,6 +105,8 @@ Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows)
 void bundle_detach_for_test(QpRecord* r);
 // SHUNT_SPREAD as read at activation (0 pin, 1 flowlet, 2 split, 3 auto).
 void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min);
+// The router path discovery saw a path's port take (-1: the application's QP).
+void bundle_router_for_test(QpRecord* r, int path, const std::string& router);
 // Where two-sided work goes: -1 the application's QP, a path, -2 moving.
 int bundle_carrier_for_test(QpRecord* r);
 // The second half of a carrier move, with the peer's count of consumed

@@ -56,6 +56,36 @@ int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t l
   return std::min(cap, std::max(start_ms + wait_ms, last_new_ms + grace));
 }
 
+int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl) {
+  sockaddr_in dst{}, src{};
+  dst.sin_family = src.sin_family = AF_INET;
+  dst.sin_port = htons(kRoceV2Port);
+  src.sin_port = htons(sport);
+  if (inet_pton(AF_INET, remote_ip.c_str(), &dst.sin_addr) != 1 ||
+      inet_pton(AF_INET, local_ip.c_str(), &src.sin_addr) != 1 || ttl < 1)
+    return -1;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  const char z = 0;  // as hops_of_ports: not a RoCE packet
+  if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+      setsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) != 0 ||
+      setsockopt(fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one) != 0 ||
+      sendto(fd, &z, 1, 0, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 1) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool hop_answer(int fd, std::string* hop) {
+  pollfd p{fd, 0, 0};
+  if (fd < 0 || poll(&p, 1, 0) <= 0 || !(p.revents & POLLERR)) return false;
+  bool reached = false;
+  *hop = read_offender(fd, &reached);
+  return !hop->empty() || reached;
+}
+
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
                                        const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms) {
   std::vector<std::string> out(sports.size());

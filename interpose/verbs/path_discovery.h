@@ -30,6 +30,14 @@ namespace shunt::verbs {
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
                                        const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms = -1);
 
+// One port's datagram, answered later (a caller that must not wait): the
+// socket it went from, or -1 (the port taken by another socket, no route).
+// hop_answer reads it without waiting: true once the router answered (*hop
+// its address) or the datagram reached the peer (*hop ""); the caller
+// closes the socket.
+int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl);
+bool hop_answer(int fd, std::string* hop);
+
 // How long hops_of_ports waits for answers, started at start_ms, with
 // `routers` distinct routers heard so far, the last new one at last_new_ms:
 // wait_ms; while exactly one router answered, up to kDiscoveryLateFactor

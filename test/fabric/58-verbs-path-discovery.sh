@@ -10,6 +10,8 @@
 # - the fabric agrees: an nft set on s1 records the source ports of the
 #   RoCE packets it really forwarded, and each end's shadows one router
 #   answered for all crossed s1, the other router's none of them;
+# - each end learned its application QP's router too (split balances the
+#   routers' bytes with the carrier's own), and the fabric agrees;
 # - two jobs started at once on the same hosts are both placed 4:4, on the
 #   same ports (the host agent sends one round of datagrams for both);
 # - with one spine's ICMP to h1's leaf queued (its answers come after
@@ -58,13 +60,14 @@ job on 29931
 fab exec h2 -- cat /tmp/on1.json > "$TMP/on-h2.json" || fail "no stats of h2"
 grep "shadows over" "$TMP/on0.out" || { cat "$TMP/on0.out"; fail "no discovery line"; }
 grep "shadows over" "$TMP/on1.out" || { cat "$TMP/on1.out"; fail "no discovery line at the answering end"; }
-# placed END STATS: END's shadows 4:4 over two routers, as the fabric saw them
+# placed END STATS [prim]: END's shadows 4:4 over two routers, as the
+# fabric saw them; with prim, the application QP's router as well
 placed() {
   local a on_s1
   a=$(fab addr "$1" r0)
   on_s1=$(sport_seen s1 roce | tr ' ' '\n' | sed -n "s/^$a://p" | sort -n | tr '\n' ' ')
   echo "$1's ports seen on s1: $on_s1"
-  python3 - "$2" "$on_s1" <<'PY' || fail "discovery at $1"
+  python3 - "$2" "$on_s1" "${3:-}" <<'PY' || fail "discovery at $1"
 import json, sys
 on_s1 = {int(p) for p in sys.argv[2].split()}
 b = next(q["bundle"] for q in json.load(open(sys.argv[1]))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
@@ -82,10 +85,16 @@ for r, ports in routers.items():
     seen = {p in on_s1 for p in ports}
     assert len(seen) == 1, "router %s's shadows crossed both spines" % r
 assert len({all(p in on_s1 for p in v) for v in routers.values()}) == 2, "both routers' shadows on one spine"
+if sys.argv[3]:
+    pr, port = b["primary"].get("router"), b["primary"].get("udp_sport")
+    print("application QP: port %s, router %s, on s1: %s" % (port, pr or "(none)", port in on_s1))
+    assert pr, "the application QP's router was not learned"
+    assert pr in routers, "the application QP's router is none of the shadows'"
+    assert (port in on_s1) == all(p in on_s1 for p in routers[pr]), "the application QP's router disagrees with the fabric"
 PY
 }
-placed h1 "$TMP/on.json"
-placed h2 "$TMP/on-h2.json"
+placed h1 "$TMP/on.json" prim
+placed h2 "$TMP/on-h2.json" prim
 
 note "two jobs at once on the same hosts: the host agent's one round of datagrams serves both"
 # Routers answer a burst of about 6 ICMP messages per destination host: two

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <vector>
@@ -736,6 +737,41 @@ TEST(Bundle, SplitCutsALargeWriteOverEveryShadowAndTheMessageWaitsForAllOfIt) {
   ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 9, buf, 32768), 0);
   ASSERT_EQ(g_posted.size(), 1u);
   EXPECT_EQ(g_posted[0].qpn, 500u);
+}
+
+// The carrier's own bytes (here the tails) cross its router too: where
+// discovery knows that router, the shadows on it take that much less of
+// each head, so each router carries its shadows' shares of all the bytes
+// (here a third on the carrier's router, one shadow of three), not a
+// third of the heads plus every tail. Without the carrier's router known,
+// the heads alone are shared.
+TEST(Bundle, SplitCountsTheCarriersBytesInTheBalanceOfTheRouters) {
+  static char buf[64 * 1024];
+  auto carrier_router_part = [&](bool known) {
+    Rig r;
+    bundle_spread_for_test(r.rec, 2, 16384);
+    bundle_router_for_test(r.rec, 0, "s1");
+    bundle_router_for_test(r.rec, 1, "s2");
+    bundle_router_for_test(r.rec, 2, "s2");
+    if (known) bundle_router_for_test(r.rec, -1, "s1");
+    std::map<uint32_t, uint64_t> by_qpn;
+    for (uint64_t i = 1; i <= 40; i++) {
+      g_posted.clear();
+      EXPECT_EQ(r.post_remote(IBV_WR_RDMA_WRITE_WITH_IMM, i, buf, sizeof buf, 0x100000 * i), 0);
+      EXPECT_EQ(g_posted.size(), 3u);
+      for (const auto& p : std::vector<Posted>(g_posted)) complete(p.qpn, 0);
+      EXPECT_TRUE(r.poll().empty());  // the segments done: the tail goes
+      complete(500, i);
+      EXPECT_EQ(r.poll().size(), 1u);
+      for (const auto& p : g_posted) by_qpn[p.qpn] += p.bytes;
+    }
+    const double all = static_cast<double>(by_qpn[500] + by_qpn[501] + by_qpn[502] + by_qpn[503]);
+    EXPECT_EQ(all, 40.0 * sizeof buf);
+    return static_cast<double>(by_qpn[500] + by_qpn[501]) / all;
+  };
+  const double unknown = carrier_router_part(false), known = carrier_router_part(true);
+  EXPECT_NEAR(unknown, (60.0 / 3 + 4) / 64, 0.005);  // a third of the heads and every tail
+  EXPECT_NEAR(known, 1.0 / 3, 0.01);
 }
 
 // A segment's path fails: that segment goes again (on the application's
