@@ -1463,11 +1463,10 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
 // where the host agent probes from its port: discovery cannot bind it).
 // Carrier steering judges paths on its spine by it, and split keeps the
 // carrier's own bytes in the balance of the routers. From the failover
-// worker, outside every lock across the wait.
-// Its datagram is answered in a later round of the worker, never waited
-// for: behind a spine's full queue the router's answer took longer than
-// discovery's 100 ms (the bundles bench, 1 s queues), and a failover
-// must not wait behind it.
+// worker, every round; its datagram is answered in a later round (up to
+// 2 s), never waited for: a router's answer waits in the spine's queue
+// with the traffic (up to 1 s in the bundles bench), and a failover must
+// not wait behind it.
 void ask_prim_router(Bundle* b) {
   const int64_t t = mono_ms();
   if (b->prim_router_fd >= 0) {
