@@ -194,4 +194,4 @@ format:
 clean:
 	rm -rf build build-asan build-tsan
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -name '*.d' -type f 2>/dev/null)
