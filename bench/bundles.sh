@@ -6,12 +6,16 @@
 # separate processes (BUNDLE_BENCH_HOSTS=2, the default: one guest per
 # leaf), or h1<->h3 and h2<->h4 (4: two per leaf).
 # - without shunt, each job's QP sits on the spine its UDP source port
-#   hashes to. The runs are classified by the fabric's counters: "collided"
-#   when one of leaf 1's uplinks carried >= 90% of what h1 and h2 sent to
-#   the other leaf, else "apart".
+#   hashes to, each way. The runs are classified by the fabric's counters:
+#   "collided" when one of leaf 1's uplinks carried >= 90% of what the
+#   ranks 0 sent to the other leaf and one of leaf 2's >= 90% of the way
+#   back, "apart" when neither, else "mixed" (not counted: an all-to-all
+#   waits for both ways: runs counted apart by leaf 1 alone moved
+#   4.04-4.13 MB/s on two guests, leaf 1's uplinks a third empty, as a
+#   collision on the way back leaves them, against 4.8-4.95 in the rest).
 #   Runs repeat (new QPNs, new ports) until each kind was seen
 #   BUNDLE_BENCH_RUNS times (default 2), or BUNDLE_BENCH_TRIES (default
-#   4 x that) ran out.
+#   6 x that) ran out.
 # - with shunt (active, PATHS paths per rail, default 8), per spread mode in
 #   BUNDLE_BENCH_SPREAD (default "split auto"): split cuts each message over
 #   the 8 source ports at once; auto splits or keeps a message on the
@@ -29,8 +33,8 @@
 # Reported: the sum of both jobs' throughput (size / time per iteration,
 # MB/s), the median of each kind's runs, and shunt's ratio to the
 # baseline of the same kind (targets: >= 1.6x collided, >= 0.95x apart).
-# The same placement's runs without shunt differ by up to a fifth (4.04
-# and 4.83 MB/s apart on two guests): one run each is not a figure.
+# Runs of the same placement without shunt differ by up to a tenth (2.40
+# to 2.82 MB/s collided on two guests): one run each is not a figure.
 SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
 need_guests
@@ -46,7 +50,7 @@ HOSTS=${BUNDLE_BENCH_HOSTS:-2}
 case $HOSTS in 2) RATE=${BUNDLE_BENCH_RATE:-10} ;; 4) RATE=${BUNDLE_BENCH_RATE:-5} ;; *) fail "BUNDLE_BENCH_HOSTS is 2 or 4, not $HOSTS" ;; esac
 DUR=${BUNDLE_BENCH_SECONDS:-25}
 RUNS=${BUNDLE_BENCH_RUNS:-2}
-TRIES=${BUNDLE_BENCH_TRIES:-$((4 * RUNS))}
+TRIES=${BUNDLE_BENCH_TRIES:-$((6 * RUNS))}
 WARMUP=${BUNDLE_BENCH_WARMUP:-2}  # untimed iterations first (shunt-bench -w)
 SPREADS=${BUNDLE_BENCH_SPREAD:-split auto}
 PATHS=${BUNDLE_BENCH_PATHS:-8}
@@ -122,7 +126,8 @@ round() {
   # leaf 1's uplinks carry the two jobs' data from rank 0 to rank 1
   s1=$(delta a b l1r0-s1 up_bytes)
   s2=$(delta a b l1r0-s2 up_bytes)
-  echo "$bw $s1 $s2"
+  # and leaf 2's the way back (rank 1 to rank 0)
+  echo "$bw $s1 $s2 $(delta a b l2r0-s1 up_bytes) $(delta a b l2r0-s2 up_bytes)"
 }
 
 # prim_spine H TAG -> the spine (s1, s2, ? when unknown) that job TAG's
@@ -147,19 +152,21 @@ for q in json.load(sys.stdin)["verbs"]["qps"]:
 # the runs of each kind, without shunt (plain) and per spread: "MB/s ..."
 declare -A with
 enough() { local n; for n in $(wc -w <<< "${with[$1,collided]:-}") $(wc -w <<< "${with[$1,apart]:-}"); do [ "$n" -ge "$RUNS" ] || return 1; done; }
+# placement BYTES_SPINE1 BYTES_SPINE2 -> collided (one spine carried >= 90%) or apart
+placement() { if [ $(($1 * 10)) -ge $((($1 + $2) * 9)) ] || [ $(($2 * 10)) -ge $((($1 + $2) * 9)) ]; then echo collided; else echo apart; fi; }
 median() { python3 -c 'import statistics, sys; print("%.2f" % statistics.median(map(float, sys.argv[1:])))' "$@"; }
 for ((i = 1; i <= TRIES; i++)); do
   round plain > "$TMP/round"
-  read -r bw s1 s2 < "$TMP/round"
-  kind=apart
-  [ $((s1 * 10)) -ge $(((s1 + s2) * 9)) ] || [ $((s2 * 10)) -ge $(((s1 + s2) * 9)) ] && kind=collided
-  echo "  without shunt, run $i: $bw MB/s, spine 1 $s1 B, spine 2 $s2 B: $kind"
-  [ "$bw" = nan ] || with[plain,$kind]+="$bw "
+  read -r bw s1 s2 r1 r2 < "$TMP/round"
+  kind=$(placement "$s1" "$s2")
+  [ "$(placement "$r1" "$r2")" = "$kind" ] || kind=mixed
+  echo "  without shunt, run $i: $bw MB/s, spine 1 $s1 B, spine 2 $s2 B; back: $r1 B, $r2 B: $kind"
+  [ "$bw" = nan ] || [ $kind = mixed ] || with[plain,$kind]+="$bw "
   enough plain && break
 done
 for sp in $SPREADS; do for ((i = 1; i <= TRIES; i++)); do
   round "$sp" > "$TMP/round"
-  read -r bw s1 s2 < "$TMP/round"
+  read -r bw s1 s2 r1 r2 < "$TMP/round"
   pa=$(prim_spine "${ja[0]}" A) pb=$(prim_spine "${jb[0]}" B)
   kind=apart
   [ "$pa" = "$pb" ] && kind=collided
