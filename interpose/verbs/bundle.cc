@@ -2031,10 +2031,10 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   // bytes, not of the heads only. A message like this one brings the
   // carrier its part of the bundle's bytes so far (c: the tails, and
   // messages too small to split); the routers' shares apply to head + c,
-  // and the carrier's router's shadows give up c between them. Two split jobs whose application QPs met on one
-  // spine had that spine full and the other at 88% without it
-  // (bench/bundles.sh). Where the carrier's router is not known, shares
-  // alone.
+  // and the carrier's router's shadows give up c between them. Two split
+  // jobs whose application QPs met on one spine had that spine full and
+  // the other at 88% without it (bench/bundles.sh). Where the carrier's
+  // router is not known, shares alone.
   double want[64];
   {
     const Path& cp = P(b, b->carrier);

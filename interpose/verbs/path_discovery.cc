@@ -67,7 +67,10 @@ int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   const int one = 1;
-  const char z = 0;  // as hops_of_ports: not a RoCE packet
+  // Not a RoCE packet (one zero byte, no BTH): should it reach the peer
+  // after all, its device drops it as malformed. No SO_REUSEADDR: a port
+  // another socket holds stays unknown, never shared.
+  const char z = 0;
   if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
       setsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) != 0 ||
       setsockopt(fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one) != 0 ||
@@ -89,34 +92,13 @@ bool hop_answer(int fd, std::string* hop) {
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
                                        const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms) {
   std::vector<std::string> out(sports.size());
-  sockaddr_in dst{}, src{};
-  dst.sin_family = src.sin_family = AF_INET;
-  dst.sin_port = htons(kRoceV2Port);
-  if (inet_pton(AF_INET, remote_ip.c_str(), &dst.sin_addr) != 1 ||
-      inet_pton(AF_INET, local_ip.c_str(), &src.sin_addr) != 1 || ttl < 1 || wait_ms <= 0)
-    return out;
+  if (wait_ms <= 0) return out;  // (bad addresses or TTL: hop_send sends nothing)
   std::vector<int> fds(sports.size(), -1);
   std::vector<pollfd> pfd;
   std::vector<size_t> of;
-  const int one = 1;
   for (size_t i = 0; i < sports.size(); i++) {
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const int fd = hop_send(local_ip, remote_ip, sports[i], ttl);
     if (fd < 0) continue;
-    src.sin_port = htons(sports[i]);
-    // No SO_REUSEADDR: a port another socket holds stays unknown, never shared.
-    if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
-        setsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) != 0 ||
-        setsockopt(fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one) != 0) {
-      close(fd);
-      continue;
-    }
-    // Not a RoCE packet (one zero byte, no BTH): should it reach the peer
-    // after all, its device drops it as malformed.
-    const char z = 0;
-    if (sendto(fd, &z, 1, 0, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 1) {
-      close(fd);
-      continue;
-    }
     fds[i] = fd;
     pfd.push_back({fd, 0, 0});  // POLLERR is always reported
     of.push_back(i);
