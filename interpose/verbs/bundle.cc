@@ -328,16 +328,18 @@ struct Bundle {
   int64_t peer_view_ms = 0;
   int64_t view_sent_ms = 0;
   uint64_t carrier_steers = 0;
-  // Path discovery for the application QP's own port: the next try, and
-  // how many were made (routers answer about one datagram a second per
-  // host after a burst, which the shadows' discovery spent).
+  // Path discovery for the application QP's own port (ask_prim_router):
+  // the awaited answer's deadline, which is also the next try's time, how
+  // many tries were made (routers answer about one datagram a second per
+  // host after a burst, which the shadows' discovery spent), and the
+  // socket of the datagram whose answer is awaited (failover worker only).
   int64_t prim_router_next_ms = 0;
   int prim_router_tries = 0;
+  int prim_router_fd = -1;
   // split's balance of the routers: the carrier it counts for, and the
   // bundle's and that carrier's bytes when it began
   int bal_carrier = -2;
   uint64_t bal_all = 0, bal_carrier_bytes = 0;
-  int prim_router_fd = -1;  // its datagram's socket while the answer is awaited (failover worker only)
   // Stall watch: every usable path stalled at its last look (none failed
   // for it), and how many times that began.
   bool all_stalled = false;

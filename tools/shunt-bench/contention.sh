@@ -242,9 +242,7 @@ def rnd(m):
     return float(a), float(b)
 def steering(m):
     steps = rev = n = 0
-    for f in glob.glob(f"{out}/{m}.*.stats*.json"):
-        if f.split("/")[-1].split(".")[1] not in ("A", "B"):
-            continue
+    for f in glob.glob(f"{out}/{m}.[AB].stats*.json"):  # the two jobs', not job A's alone
         for q in json.load(open(f))["verbs"]["qps"]:
             b = q.get("bundle")
             if b and b.get("paths"):
