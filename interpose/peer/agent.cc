@@ -40,6 +40,7 @@ struct State {
   std::mutex mu;  // registration and start
   std::map<std::string, Handler> commands;
   std::vector<Service> services;
+  std::vector<ReportListener> report_listeners;
   std::atomic<bool> started{false};
   std::string dir, sock_path, lock_path;
   int lock_fd = -1, listen_fd = -1;
@@ -79,6 +80,13 @@ bool try_lock(State& s) {
   return true;
 }
 
+// A report goes into members(), then to the listeners (agent thread).
+void stored(State& s, const std::string& pid, json snap) {
+  json& at = s.members[pid];
+  at = std::move(snap);
+  for (auto& l : s.report_listeners) l(pid, at);
+}
+
 json handle(State& s, const json& req, uid_t peer_uid) {
   if (!req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
     return {{"error", "a request is an object with a string \"cmd\""}};
@@ -90,7 +98,7 @@ json handle(State& s, const json& req, uid_t peer_uid) {
     json snap = req["snapshot"];
     snap["reported_ms"] = mono_ms();
     snap["final"] = req.value("final", false);
-    s.members[std::to_string(req["pid"].get<long>())] = std::move(snap);
+    stored(s, std::to_string(req["pid"].get<long>()), std::move(snap));
     return {{"ok", true}};
   }
   if (cmd == "status") {
@@ -161,7 +169,7 @@ void report(State& s, bool final) {
   if (s.is_agent.load()) {
     snap["reported_ms"] = mono_ms();
     snap["final"] = final;
-    s.members[std::to_string(getpid())] = std::move(snap);
+    stored(s, std::to_string(getpid()), std::move(snap));
     return;
   }
   std::string err;
@@ -192,10 +200,12 @@ void run() {
     // Until the next report, and the next try for the lock while another
     // process holds it (an agent's next_try stays in the past: counting it
     // made this loop wake every millisecond, a fifth of a one-CPU guest).
+    // The agent sleeps in poll() until then: a client's connection or
+    // request wakes it. (It woke every 100 ms regardless.)
     int64_t due = s.is_agent.load() ? next_report : std::min(next_report, next_try);
     int wait = static_cast<int>(std::max<int64_t>(1, due - mono_ms()));
     if (s.is_agent.load())
-      serve(s, std::min(wait, 100));
+      serve(s, wait);
     else
       poll(nullptr, 0, std::min(wait, 500));
   }
@@ -274,5 +284,10 @@ void register_service(Service svc) {
 }
 
 const json& members() { return st().members; }
+
+void on_report(ReportListener l) {
+  std::lock_guard lk(st().mu);
+  st().report_listeners.push_back(std::move(l));
+}
 
 }  // namespace shunt::agent

@@ -35,4 +35,10 @@ void register_service(Service s);
 // report (telemetry::stats_json() plus "reported_ms"). Agent thread only.
 const nlohmann::json& members();
 
+// Called on the agent thread each time a process's report (the agent's own
+// included) has been stored in members(), with its pid and that report.
+// Keep it short. Register before ensure_started().
+using ReportListener = std::function<void(const std::string& pid, const nlohmann::json& report)>;
+void on_report(ReportListener l);
+
 }  // namespace shunt::agent

@@ -6,27 +6,22 @@
 // each other by address and agree; a host also listed in SHUNT_PEERS merges
 // by address and keeps its real name (ProbeEngine::add_peer).
 //
-// members() belongs to the agent thread, so a small timer thread asks the
-// agent's own control socket ("auto-peers") twice a second and the scan runs
-// in that command's handler, on the agent thread.
+// The scan runs on the agent thread as each report is stored (on_report),
+// over that report alone, and only where it lists sockets: a job of verbs
+// alone costs nothing. (A timer thread asked the agent's control socket for
+// a scan of every member twice a second: a connection, a request and a walk
+// of every report's JSON, twice a second, on a one-CPU guest's job.)
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 
 #include "clocksync/engine.h"
 #include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
-#include "interpose/peer/control.h"
 
 namespace shunt::agent {
 
@@ -56,80 +51,50 @@ std::vector<Rail> probe_rails(const clocksync::EngineConfig& c, std::set<uint32_
 struct AutoPeers {
   std::function<clocksync::ProbeEngine*()> engine;
   std::set<std::string> added;  // agent thread only
-  std::thread timer;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;
 };
 AutoPeers& ap() {
   static AutoPeers* a = new AutoPeers;
   return *a;
 }
 
-// Agent thread: adds every reported TCP peer on a probe subnet not added yet.
-json sync_auto_peers() {
+// Agent thread: adds every TCP peer of one report that is on a probe subnet
+// and not added yet.
+void add_peers_of(const json& report) {
+  auto it = report.find("sockets");
+  if (it == report.end() || !it->is_array() || it->empty()) return;
   clocksync::ProbeEngine* e = ap().engine ? ap().engine() : nullptr;
-  if (!e) return {{"error", "no probe engine (SHUNT_PROBE_ADDRS)"}};
+  if (!e) return;
   std::set<uint32_t> own;
-  std::vector<Rail> rails = probe_rails(e->config(), &own);
-  int added = 0;
-  for (auto& [pid, snap] : members().items()) {
-    if (!snap.contains("sockets") || !snap["sockets"].is_array()) continue;
-    for (auto& s : snap["sockets"]) {
-      if (!s.is_object() || !s.contains("peer") || !s["peer"].is_string()) continue;
-      std::string hp = s["peer"];
-      auto colon = hp.rfind(':');
-      if (colon == std::string::npos) continue;
-      std::string ip = hp.substr(0, colon);
-      in_addr a{};
-      if (inet_pton(AF_INET, ip.c_str(), &a) != 1 || own.count(a.s_addr) || ap().added.count(ip)) continue;
-      for (size_t r = 0; r < rails.size(); r++) {
-        if (!rails[r].mask || (a.s_addr & rails[r].mask) != (rails[r].addr & rails[r].mask)) continue;
-        clocksync::PeerSpec spec;
-        spec.name = ip;
-        spec.by_address = true;
-        spec.addrs.assign(r + 1, "");
-        spec.addrs[r] = ip;
-        e->add_peer(spec);
-        ap().added.insert(ip);
-        added++;
-        log::info("probe engine: peer {} on rail {} from a connection", ip, r);
-        break;
-      }
+  std::vector<Rail> rails;
+  for (auto& s : *it) {
+    if (!s.is_object() || !s.contains("peer") || !s["peer"].is_string()) continue;
+    std::string hp = s["peer"];
+    auto colon = hp.rfind(':');
+    if (colon == std::string::npos) continue;
+    std::string ip = hp.substr(0, colon);
+    in_addr a{};
+    if (inet_pton(AF_INET, ip.c_str(), &a) != 1 || ap().added.count(ip)) continue;
+    if (rails.empty()) rails = probe_rails(e->config(), &own);  // the interfaces, once a report has a candidate
+    if (own.count(a.s_addr)) continue;
+    for (size_t r = 0; r < rails.size(); r++) {
+      if (!rails[r].mask || (a.s_addr & rails[r].mask) != (rails[r].addr & rails[r].mask)) continue;
+      clocksync::PeerSpec spec;
+      spec.name = ip;
+      spec.by_address = true;
+      spec.addrs.assign(r + 1, "");
+      spec.addrs[r] = ip;
+      e->add_peer(spec);
+      ap().added.insert(ip);
+      log::info("probe engine: peer {} on rail {} from a connection", ip, r);
+      break;
     }
-  }
-  return {{"ok", true}, {"added", added}};
-}
-
-void timer_loop() {
-  ReentryGuard g;  // the agent's own control traffic is not the job's
-  std::string path = socket_path(), err;
-  std::unique_lock lk(ap().mu);
-  while (!ap().stop) {
-    lk.unlock();
-    peer::request(path, {{"cmd", "auto-peers"}}, 1000, &err);
-    lk.lock();
-    ap().cv.wait_for(lk, std::chrono::milliseconds(500), [] { return ap().stop; });
   }
 }
 }  // namespace
 
 void register_auto_peers(std::function<clocksync::ProbeEngine*()> engine) {
   ap().engine = std::move(engine);
-  register_command("auto-peers", [](const json&) { return sync_auto_peers(); });
-  register_service({"auto-peers",
-                    [] {
-                      if (!ap().engine || !ap().engine() || ap().timer.joinable()) return;
-                      ap().timer = std::thread(timer_loop);
-                    },
-                    [] {
-                      {
-                        std::lock_guard lk(ap().mu);
-                        ap().stop = true;
-                      }
-                      ap().cv.notify_all();
-                      if (ap().timer.joinable()) ap().timer.join();
-                    }});
+  on_report([](const std::string&, const json& report) { add_peers_of(report); });
 }
 
 }  // namespace shunt::agent
