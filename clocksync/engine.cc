@@ -77,7 +77,13 @@ struct ProbeEngine::SourcePath {
   PathState ps;
   PairFilter filter;
   int64_t last_rx = 0;  // reflected: forgotten after reflect_idle() without a probe
-  unsigned round = 0;   // probed in the send rounds where round % source_every == 0
+  unsigned round = 0;   // ours: probed in the send rounds where round % every == 0
+  bool spare = false;   // ours: every = spare_every, else source_every
+  // Ours, made faster: until grace_until it is dead after grace_every rounds'
+  // worth of dead time, as before (its last probes were that far apart).
+  int64_t grace_until = 0;
+  int grace_every = 0;
+  bool owed = false;    // reflected: a probe came since our last answer
 
   explicit SourcePath(int64_t tol) : filter(tol) {}
 };
@@ -122,8 +128,28 @@ struct ProbeEngine::Shm {
 namespace {
 // A reflected path lives while the peer probes it, and a few seconds more.
 int source_every(const EngineConfig& c) { return std::max(1, c.source_every); }
-int64_t source_dead(const EngineConfig& c) { return c.dead_ns * source_every(c); }
-int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000'000, 4 * source_dead(c)); }
+int spare_every(const EngineConfig& c) { return c.spare_every > 0 ? c.spare_every : source_every(c); }
+// A reflected path follows the peer's cadence, which it does not know: the
+// longer of the two.
+int64_t reflected_dead(const EngineConfig& c) { return c.dead_ns * std::max(source_every(c), spare_every(c)); }
+int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000'000, 4 * reflected_dead(c)); }
+using SourcePath = ProbeEngine::SourcePath;
+int every_of(const EngineConfig& c, const SourcePath& sp) { return sp.spare ? spare_every(c) : source_every(c); }
+// How long sp may go without a probe at `now` before it is dead.
+int64_t dead_of(const EngineConfig& c, const SourcePath& sp, int64_t now) {
+  if (sp.reflected) return reflected_dead(c);
+  int e = every_of(c, sp);
+  if (now < sp.grace_until) e = std::max(e, sp.grace_every);
+  return c.dead_ns * e;
+}
+// When sp turns dead unless a probe comes first (dead_of over time).
+int64_t dead_deadline(const EngineConfig& c, const SourcePath& sp) {
+  if (sp.reflected) return sp.ps.view.dead_at(reflected_dead(c));
+  const int64_t at = sp.ps.view.dead_at(c.dead_ns * every_of(c, sp));
+  if (!sp.grace_until) return at;
+  const int64_t longer = sp.ps.view.dead_at(c.dead_ns * std::max(every_of(c, sp), sp.grace_every));
+  return longer < sp.grace_until ? longer : std::max(at, sp.grace_until);
+}
 }  // namespace
 
 uint64_t node_id(std::string_view name) {
@@ -410,12 +436,31 @@ bool ProbeEngine::remove_source_path(int id) {
   return false;
 }
 
+bool ProbeEngine::set_source_path_spare(int id, bool spare) {
+  std::lock_guard lk(mu_);
+  for (auto& p : peers_)
+    for (auto& sp : p->sources) {
+      if (sp->reflected || sp->id != id) continue;
+      if (sp->spare == spare) return true;
+      const int before = every_of(cfg_, *sp);
+      sp->spare = spare;
+      if (every_of(cfg_, *sp) < before) {
+        const int64_t now = ts_.now();
+        sp->grace_every = now < sp->grace_until ? std::max(sp->grace_every, before) : before;
+        sp->grace_until = now + cfg_.dead_ns * before;
+        sp->round = 0;  // its pair in the next round
+      }
+      return true;
+    }
+  return false;
+}
+
 std::optional<SourcePathStats> ProbeEngine::source_path(int id) const {
   std::lock_guard lk(mu_);
   for (auto& p : peers_)
     for (auto& sp : p->sources)
       if (!sp->reflected && sp->id == id)
-        return SourcePathStats{sp->id, sp->rail, sp->port, false, sp->ps.view.stats(ts_.now())};
+        return SourcePathStats{sp->id, sp->rail, sp->port, false, sp->spare, sp->ps.view.stats(ts_.now())};
   return std::nullopt;
 }
 
@@ -438,7 +483,7 @@ int64_t ProbeEngine::next_due(int64_t now) const {
     due = std::min(due, p->est.next_due());  // a window's end on time: a step shows at once
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(cfg_.dead_ns));
     for (auto& sp : p->sources) {
-      due = std::min(due, sp->ps.view.dead_at(source_dead(cfg_)));
+      due = std::min(due, dead_deadline(cfg_, *sp));
       if (sp->reflected) due = std::min(due, sp->last_rx + reflect_idle(cfg_) + 1);
     }
   }
@@ -623,12 +668,17 @@ void ProbeEngine::send_due(int64_t now) {
       }
     // Source paths after the rail paths' pairs, on the same schedule.
     for (auto& sp : p->sources) {
-      if (sp->round++ % unsigned(source_every(cfg_))) continue;  // not its round
       if (sp->reflected) {
+        // One answer to each pair of the peer's (both probes of a pair may
+        // have come since our last round): its cadence, spare or not, is
+        // the peer's to choose.
+        if (!sp->owed) continue;
+        sp->owed = false;
         send_pair(p->index, {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false}, now);
         sent[sp->rail] = true;
         continue;
       }
+      if (sp->round++ % unsigned(every_of(cfg_, *sp))) continue;  // not its round
       if (p->paths[sp->rail].remote.sin_addr.s_addr == 0) continue;
       sp->ps.remote = p->paths[sp->rail].remote;  // add_peer may have renamed/readdressed it
       send_pair(p->index, {sp->sock.get(), &sp->ps, &sp->pending, nullptr, sp->rail, false}, now);
@@ -784,11 +834,13 @@ void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int
       q->ps.remote = from;
       q->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
       q->last_rx = rx;
-      q->round = q->port;
       sp = q.get();
       p->sources.push_back(std::move(q));
     }
-    if (path_probe(*p, sp->ps, sp->filter, pr, rx, false)) sp->last_rx = rx;
+    if (path_probe(*p, sp->ps, sp->filter, pr, rx, false)) {
+      sp->last_rx = rx;
+      sp->owed = true;
+    }
     return;
   }
   if (!path_probe(*p, p->paths[rail], p->filter, pr, rx, true)) return;
@@ -909,7 +961,8 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
         forget_reflected(*p, k);  // the peer stopped probing it (removed, or its traffic is lost)
         continue;
       }
-      if (sp.ps.view.update_liveness(now, source_dead(cfg_)) && !sp.reflected)
+      if (sp.grace_until && now >= sp.grace_until) sp.grace_until = 0;
+      if (sp.ps.view.update_liveness(now, dead_of(cfg_, sp, now)) && !sp.reflected)
         events->push_back({p->name, sp.rail, sp.ps.view.alive(), now, sp.id, sp.port});
       k++;
     }
@@ -1046,7 +1099,7 @@ std::vector<PeerReport> ProbeEngine::report() const {
     r.clock = clock_of(*p, now);
     for (auto& ps : p->paths) r.paths.push_back(ps.view.stats(now));
     for (auto& sp : p->sources)
-      r.source_paths.push_back({sp->id, sp->rail, sp->port, sp->reflected, sp->ps.view.stats(now)});
+      r.source_paths.push_back({sp->id, sp->rail, sp->port, sp->reflected, sp->spare, sp->ps.view.stats(now)});
     r.pairs_kept = p->filter.accepted();
     r.pairs_dropped = p->filter.rejected();
     r.pair_tol_ns = p->filter.tolerance();

@@ -68,6 +68,10 @@ struct EngineConfig {
   // Source paths are probed in every Nth round only, and declared dead after
   // N x dead_ns: they are most of the probes (a bundle has one per shadow).
   int source_every = 1;
+  // A spare source path (set_source_path_spare) goes out in every Nth round
+  // instead, and is dead after N x dead_ns; 0: as source_every. The peer
+  // answers each of its pairs once, whatever either cadence.
+  int spare_every = 0;
   int64_t pair_tol_ns = 10'000;
   Key key{};
   TestClockSpec test_clock;             // identity unless testing
@@ -111,6 +115,7 @@ struct SourcePathStats {
   int rail = 0;
   uint16_t port = 0;        // our source port; on a reflected path, the peer's
   bool reflected = false;   // the peer's source path, which we answer
+  bool spare = false;       // ours: probed at the spare cadence
   PathStats stats;
 };
 
@@ -178,6 +183,11 @@ class ProbeEngine {
   // Stops probing it and closes its socket before returning (the port is
   // free again). False if no such id. Not from on_source_path_change.
   bool remove_source_path(int id);
+  // Probes it as a spare (EngineConfig::spare_every) or, with false, as
+  // every source path (source_every). A path made faster keeps the longer
+  // dead time for one more of its old dead times (its probes were that far
+  // apart) and goes out in the next round. False if no such id.
+  bool set_source_path_spare(int id, bool spare);
   std::optional<SourcePathStats> source_path(int id) const;
   // Liveness changes of our source paths (notifier thread, in order with
   // the rail paths').

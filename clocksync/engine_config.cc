@@ -22,6 +22,7 @@ bool engine_config_from(const Config& c, EngineConfig* out, std::vector<PeerSpec
   e.interval_ns = c.num(Param::probe_interval_ms) * 1'000'000;
   e.dead_ns = c.num(Param::path_dead_ms) * 1'000'000;
   e.source_every = int(c.num(Param::source_probe_every));
+  e.spare_every = int(c.num(Param::spare_probe_every));
   e.pair_tol_ns = c.num(Param::probe_pair_tol_ns);
   e.key = derive_probe_key(c.str(Param::job_key));
   auto tc = parse_test_clock(c.str(Param::test_clock), err);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "clocksync/engine.h"
@@ -55,6 +56,7 @@ json peers_json() {
       p["rail"] = sp.rail;
       p["port"] = sp.port;
       p["reflected"] = sp.reflected;
+      p["spare"] = sp.spare;
       sps.push_back(p);
     }
     out.push_back({{"peer", r.name},
@@ -82,6 +84,19 @@ struct SharedPath {
   int refs = 0;
 };
 std::map<int, SharedPath> g_shared;  // by source path id; agent thread only
+// The ids each bundle calls spare ("spares": ports that carry nothing now);
+// a path shared by bundles is probed as a spare only while every one of
+// them calls it that.
+std::map<std::string, std::set<int>> g_bundle_spares;  // agent thread only
+
+void apply_spares(const std::vector<int>& ids) {
+  for (int id : ids) {
+    bool spare = true;
+    for (const auto& [key, held] : g_bundle_paths)
+      if (std::find(held.begin(), held.end(), id) != held.end()) spare &= g_bundle_spares[key].count(id) > 0;
+    g_engine->set_source_path_spare(id, spare);
+  }
+}
 
 int take_source_path(const std::string& peer, int rail, uint16_t port, std::string* err) {
   for (auto& [id, sp] : g_shared)
@@ -152,15 +167,26 @@ json add_bundle_paths(const json& req) {
     else errors.push_back(err);
   }
   g_bundle_paths[key] = ids;
+  std::set<uint16_t> spare_ports;
+  for (const auto& sp : req.value("spares", json::array())) spare_ports.insert(sp.get<uint16_t>());
+  std::set<int>& spares = g_bundle_spares[key];
+  spares.clear();
+  for (int id : ids)
+    if (auto sp = g_engine->source_path(id); sp && spare_ports.count(sp->port)) spares.insert(id);
+  apply_spares(ids);
   return {{"ok", true}, {"paths", ids.size()}, {"errors", errors}};
 }
 
 json drop_bundle_paths(const json& req) {
   auto it = g_bundle_paths.find(req.value("key", ""));
   if (it == g_bundle_paths.end()) return {{"ok", false}};
-  if (g_engine)
-    for (int id : it->second) let_go(id);
+  std::vector<int> ids = it->second;
   g_bundle_paths.erase(it);
+  g_bundle_spares.erase(req.value("key", ""));
+  if (g_engine) {
+    for (int id : ids) let_go(id);
+    apply_spares(ids);  // those still shared: the others' word alone
+  }
   return {{"ok", true}};
 }
 
@@ -172,7 +198,11 @@ json bundle_paths_stats(const json& req) {
   json out = json::array();
   for (int id : it->second) {
     auto sp = g_engine->source_path(id);
-    if (sp) out.push_back({{"port", sp->port}, {"alive", sp->stats.alive}, {"fwd_queue", queue_json(sp->stats.fwd_queue)}});
+    if (sp)
+      out.push_back({{"port", sp->port},
+                     {"alive", sp->stats.alive},
+                     {"spare", sp->spare},
+                     {"fwd_queue", queue_json(sp->stats.fwd_queue)}});
   }
   return {{"ok", true}, {"paths", out}};
 }

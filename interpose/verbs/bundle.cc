@@ -810,7 +810,7 @@ size_t rail_count(const Bundle* b) { return std::max<size_t>(b->rails.size(), 1)
 bool register_probe_paths(Bundle* b) {
   std::string sock = agent::socket_path(), err;
   if (sock.empty()) return false;
-  std::vector<json> sports;
+  std::vector<json> sports, spares;
   std::vector<std::pair<std::string, std::string>> ends;  // per rail: local, peer address
   std::string all, via;  // via: the peer's address on the application's NIC
   {
@@ -818,19 +818,30 @@ bool register_probe_paths(Bundle* b) {
     if (b->dead || !b->active.load()) return false;
     std::lock_guard l(b->lk);
     for (size_t k = 0; k < rail_count(b); k++) {
-      json list = json::array();
+      json list = json::array(), spare = json::array();
       // The application's QP too, where shunt knows its port (its flow
       // label), until it fails (it is never renewed).
       if (!k && path_sport(b->prim) && b->prim.qp && !b->prim.down) list.push_back(path_sport(b->prim));
-      for (const auto& p : b->paths)
-        if (p.rail == static_cast<int>(k)) list.push_back(0xC000 | p.flow_label);
+      for (size_t i = 0; i < b->paths.size(); i++) {
+        const Path& p = b->paths[i];
+        if (p.rail != static_cast<int>(k)) continue;
+        list.push_back(0xC000 | p.flow_label);
+        // Spares: probed at SHUNT_SPARE_PROBE_EVERY. Not the carrier (the
+        // probes are how its silent loss is found; shadows that carry a
+        // split find theirs by their own ACK timeouts, about
+        // SHUNT_PATH_DEAD_MS), not a failed path (its probes tell when the
+        // route is back), and none where queue steering reads every path's
+        // queue from its probes.
+        if (static_cast<int>(i) != b->carrier && !p.down && !b->steer_queue) spare.push_back(0xC000 | p.flow_label);
+      }
       std::string local, peer;
       const ibv_gid& lg = k ? b->rails[k].lgid : b->lgid;
       const ibv_gid& rg = k ? b->rails[k].rgid : b->rgid;
       if (!gid_v4(lg, &local) || !gid_v4(rg, &peer)) local.clear();
       if (!k) via = peer;
-      all += list.dump() + ";";
+      all += list.dump() + spare.dump() + ";";
       sports.push_back(std::move(list));
+      spares.push_back(std::move(spare));
       ends.emplace_back(local, peer);
     }
     if (b->probed && all == b->probed_sports) return false;
@@ -840,7 +851,7 @@ bool register_probe_paths(Bundle* b) {
     if (ends[k].first.empty() || sports[k].empty()) continue;
     auto r = peer::request(sock,
                            {{"cmd", "bundle-paths"}, {"peer", ends[k].second}, {"local", ends[k].first},
-                            {"sports", sports[k]}, {"key", probe_key(b, k)}, {"via", via}},
+                            {"sports", sports[k]}, {"spares", spares[k]}, {"key", probe_key(b, k)}, {"via", via}},
                            2000, &err);
     if (r && r->value("ok", false)) {
       any = true;

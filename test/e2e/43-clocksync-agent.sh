@@ -109,12 +109,21 @@ print(f"ok: renewed source paths: 50001 gone, 50003 probed ({new} queue samples)
 # Another bundle to the same peer on a port already probed (path discovery
 # gives a host's bundles the same ports): it shares that source path (a
 # port binds once), which outlives the first bundle's drop.
-ans = ask({"cmd": "bundle-paths", "key": key + "-2", "peer": peer, "local": local, "sports": [50002]})
+# Spares (ports that carry nothing) are probed less often; a shared path is
+# a spare only while every bundle that holds it calls it one.
+ans = ask({"cmd": "bundle-paths", "key": key, "peer": peer, "local": local, "sports": [50002, 50003], "spares": [50003]})
+assert ans.get("ok") and ans["paths"] == 2, ans
+st = stats()
+assert st[50003]["spare"] and not st[50002]["spare"], st
+ans = ask({"cmd": "bundle-paths", "key": key + "-2", "peer": peer, "local": local, "sports": [50002], "spares": [50002]})
 assert ans.get("ok") and ans["paths"] == 1 and not ans["errors"], ans
+assert not stats()[50002]["spare"], stats()
 assert ask({"cmd": "bundle-paths-drop", "key": key}).get("ok")
 assert "error" in ask({"cmd": "bundle-paths-stats", "key": key})
+assert ask({"cmd": "bundle-paths-stats", "key": key + "-2"})["paths"][0]["spare"]
+print("ok: spares: a port is probed as one only while every bundle holding it says so")
 n0 = ask({"cmd": "bundle-paths-stats", "key": key + "-2"})["paths"][0]["fwd_queue"]["samples"]
-for _ in range(50):
+for _ in range(80):
     p = ask({"cmd": "bundle-paths-stats", "key": key + "-2"})["paths"][0]
     if p["fwd_queue"]["samples"] > n0 + 2: break
     time.sleep(0.1)

@@ -413,6 +413,69 @@ TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
   });
 }
 
+// SHUNT_SPARE_PROBE_EVERY: a spare source path goes out in every Nth round
+// only, the peer answers each of its pairs once (not on a cadence of its
+// own), and a spare made a carrier again keeps its longer dead time for one
+// more of them instead of dying at once of its sparse probes.
+TEST(ClocksyncEngine, SparesAreProbedLessOftenAndAnsweredInKind) {
+  SKIP_UNLESS_NETNS([] {
+    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
+    ca.source_every = cb.source_every = 3;
+    ca.spare_every = cb.spare_every = 20;  // a pair every 2 s, dead after 5 s
+    ProbeEngine a{ca}, b{cb};
+    a.add_peer({"b", {"127.0.0.2"}});
+    b.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
+    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
+    int busy = a.add_source_path("b", 0, 40011, &err);
+    ASSERT_GT(busy, 0) << err;
+    int spare = a.add_source_path("b", 0, 40012, &err);
+    ASSERT_GT(spare, 0) << err;
+    ASSERT_TRUE(a.set_source_path_spare(spare, true));
+    EXPECT_FALSE(a.set_source_path_spare(spare + 100, true));
+    ASSERT_TRUE(eventually([&] { return a.source_path(busy)->stats.alive && a.source_path(spare)->stats.alive; }, 5s));
+    EXPECT_TRUE(a.source_path(spare)->spare);
+    EXPECT_FALSE(a.source_path(busy)->spare);
+    auto answers = [&](int port) -> uint64_t {
+      for (auto& r : reflected(b, "a"))
+        if (r.port == port) return r.stats.sent;
+      return 0;
+    };
+    uint64_t b0 = a.source_path(busy)->stats.sent, s0 = a.source_path(spare)->stats.sent;
+    uint64_t rb0 = answers(40011), rs0 = answers(40012);
+    std::this_thread::sleep_for(4s);
+    uint64_t nb = a.source_path(busy)->stats.sent - b0, ns = a.source_path(spare)->stats.sent - s0;
+    uint64_t rb = answers(40011) - rb0, rs = answers(40012) - rs0;
+    printf("in 4 s: busy path %llu probes (answered with %llu), spare %llu (answered with %llu)\n",
+           (unsigned long long)nb, (unsigned long long)rb, (unsigned long long)ns, (unsigned long long)rs);
+    EXPECT_GE(nb, 16u);      // a pair every 300 ms
+    EXPECT_LE(ns * 4, nb);   // every 2 s: a sixth or so
+    EXPECT_GE(ns, 2u);
+    // The peer's answers follow each path's own cadence (one pair per pair,
+    // give or take the one in flight at either end of the window).
+    EXPECT_LE(rs, ns + 2);
+    EXPECT_GE(rb + 4, nb);
+    EXPECT_TRUE(a.source_path(spare)->stats.alive);  // 2 s apart, dead only after 5 s
+    // Made the carrier 1.2 s after its last answer (more than the 750 ms a
+    // busy path may go without one): alive, and probed from the next round.
+    uint64_t got = a.source_path(spare)->stats.received;
+    ASSERT_TRUE(eventually([&] { return a.source_path(spare)->stats.received > got; }, 5s));
+    std::this_thread::sleep_for(1200ms);
+    uint64_t sent = a.source_path(spare)->stats.sent;
+    ASSERT_TRUE(a.set_source_path_spare(spare, false));
+    EXPECT_FALSE(a.source_path(spare)->spare);
+    bool died = false;
+    for (int i = 0; i < 60; i++) {
+      died |= !a.source_path(spare)->stats.alive;
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_FALSE(died);
+    EXPECT_GT(a.source_path(spare)->stats.sent, sent);
+    EXPECT_TRUE(a.source_path(spare)->stats.alive);
+  });
+}
+
 // The clock segment counts the source paths' liveness changes (a bundle's
 // worker asks the agent only when the count moved): one when the path came
 // alive, one when it died; the rail path's own death is not counted.
