@@ -1,12 +1,16 @@
 #include "clocksync/clock_shm.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 
 #include "interpose/core/seqlock.h"
@@ -97,8 +101,19 @@ bool ClockPublisher::publish(int slot, const PublishedClock& c) {
   return true;
 }
 
+namespace {
+// The futex word: the low half of paths_gen (a change of the count changes
+// it, short of 2^32 changes between two looks).
+static_assert(std::endian::native == std::endian::little);
+uint32_t* gen_word(const ShmHeader* h) {
+  return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&h->paths_gen));
+}
+}  // namespace
+
 void ClockPublisher::bump_paths_gen() {
-  if (hdr_) hdr_->paths_gen.fetch_add(1, std::memory_order_release);
+  if (!hdr_) return;
+  hdr_->paths_gen.fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, gen_word(hdr_), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
 void ClockPublisher::close(bool unlink) {
@@ -140,6 +155,15 @@ bool ClockReader::open(const std::string& name, std::string* err) {
 }
 
 uint64_t ClockReader::paths_gen() const { return hdr_ ? hdr_->paths_gen.load(std::memory_order_acquire) : 0; }
+
+bool ClockReader::wait_paths_gen(uint64_t seen, int timeout_ms) const {
+  if (!hdr_) return false;
+  if (paths_gen() != seen) return true;
+  timespec to{timeout_ms / 1000, long(timeout_ms % 1000) * 1'000'000};
+  // Shared (no FUTEX_PRIVATE_FLAG): the publisher is another process.
+  syscall(SYS_futex, gen_word(hdr_), FUTEX_WAIT, uint32_t(seen), &to, nullptr, 0);
+  return paths_gen() != seen;
+}
 
 bool ClockReader::replaced(const std::string& name) const {
   int fd = shm_open(name.c_str(), O_RDONLY, 0);

@@ -49,7 +49,8 @@ class ClockPublisher {
             std::string* err);
   // Writes entry `slot` (0..capacity-1); slots at or past count() extend it.
   bool publish(int slot, const PublishedClock& c);
-  // A source path turned alive or dead (after its state changed).
+  // A source path turned alive or dead (after its state changed). Wakes
+  // the readers waiting in wait_paths_gen.
   void bump_paths_gen();
   void close(bool unlink);
   bool is_open() const { return hdr_ != nullptr; }
@@ -73,6 +74,9 @@ class ClockReader {
   uint64_t self_id() const;
   // How many source path liveness changes the engine has published.
   uint64_t paths_gen() const;
+  // Sleeps until paths_gen() is no longer `seen` or timeout_ms passed (a
+  // futex on the shared segment: no polling). Whether it changed.
+  bool wait_paths_gen(uint64_t seen, int timeout_ms) const;
   // Whether the name now names another segment than the one mapped (the
   // engine's process ended and another one's engine made it anew).
   bool replaced(const std::string& name) const;

@@ -93,6 +93,31 @@ void poke(State& s) {
 }
 State* g = nullptr;
 
+// Whether the host's MPTCP sockets move data: the in-band dump looks for
+// stuck subflows, and while no reported socket's byte counts change (a verbs
+// job's idle bootstrap connection) there is nothing to find, so the quiet
+// dump waits. Until when (ms) the last change counts as activity: two
+// reports. The reports' bytes by pid; agent thread only.
+std::atomic<int64_t> g_sockets_busy_until{0};
+std::map<std::string, uint64_t> g_report_bytes;
+
+void on_member_report(const std::string& pid, const json& report) {
+  uint64_t bytes = 0;
+  auto it = report.find("sockets");
+  if (it != report.end() && it->is_array())
+    for (const auto& so : *it)
+      if (so.value("open", false) && so.value("upgraded", false))
+        bytes += so.value("tx_bytes", uint64_t{0}) + so.value("rx_bytes", uint64_t{0});
+  uint64_t& seen = g_report_bytes[pid];
+  const bool moved = bytes != seen;
+  seen = bytes;
+  if (report.value("final", false)) g_report_bytes.erase(pid);
+  if (!moved) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  const bool was = g_sockets_busy_until.exchange(now + 2 * config().num(Param::report_interval_ms)) > now;
+  if (!was && g) poke(*g);  // busy again: dump now
+}
+
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
 }
@@ -135,6 +160,7 @@ std::vector<std::string> rail_addrs() {
 }
 
 constexpr int64_t kAssertMs = 1000;
+constexpr int64_t kIdleAssertMs = 5000;  // while no socket moves data
 // The join listener's port may still be held by TIME-WAIT subflows of an
 // earlier job (the kernel's listener cannot reuse it: EADDRINUSE); the port
 // is announced, so the next free one does as well.
@@ -370,16 +396,23 @@ void run(State& s) {
   std::unique_lock lk(s.mu);
   int64_t next_assert = now_ms() + kAssertMs, next_dump = 0;
   while (!s.stopping) {
+    // The endpoints are checked every second while the host's sockets move
+    // data (or a change is being retried), every 5 s while they are idle,
+    // and at once when they start moving again.
+    const bool idle = now_ms() >= g_sockets_busy_until.load();
+    if (!idle && next_assert > now_ms() + kAssertMs) next_assert = now_ms();
     if (now_ms() >= next_assert) {
       assert_endpoints(s, false);
       if (s.status != "incomplete") s.status = s.retry ? "retrying" : "ok";
-      next_assert = now_ms() + kAssertMs;
+      next_assert = now_ms() + (idle && !s.retry ? kIdleAssertMs : kAssertMs);
     }
     // While no subflow is busy, dump every kQuietDumpMs only: a dump every
     // tick cost a one-CPU soft-RoCE guest running a verbs job (its sockets
     // idle) about 2% of its CPU. A subflow that gets busy cannot be judged
-    // stuck before kStallMs (subflow_watch.cc) anyway.
-    bool dump = inband && now_ms() >= next_dump;
+    // stuck before kStallMs (subflow_watch.cc) anyway. And not at all while
+    // no process's reports show its sockets' bytes moving (a report that
+    // does pokes this thread), after one dump that found nothing busy.
+    bool dump = inband && now_ms() >= next_dump && (next_dump == 0 || !idle);
     bool moving = tick(s, dump);
     if (moving) next_dump = 0;
     else if (dump) next_dump = now_ms() + kQuietDumpMs;
@@ -389,8 +422,8 @@ void run(State& s) {
     // guest running a verbs job (idle sockets) 3-4% of its CPU.
     int64_t wait = kTickMs;
     if (!moving) {
-      int64_t due = inband ? std::min(next_assert, next_dump) : next_assert;
-      wait = std::clamp<int64_t>(due - now_ms(), kTickMs, kAssertMs);
+      int64_t due = inband && !idle ? std::min(next_assert, next_dump) : next_assert;
+      wait = std::clamp<int64_t>(due - now_ms(), kTickMs, kIdleAssertMs);
     }
     publish(s);
     lk.unlock();
@@ -502,6 +535,7 @@ void prepare_limits() {
 
 agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine) {
   agent::register_command("sockets", [](const json&) { return sockets_json(); });
+  agent::on_report(on_member_report);
   return {"mptcp-rails", [engine] { start(engine); }, stop};
 }
 

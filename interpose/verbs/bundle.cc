@@ -2954,6 +2954,7 @@ void refresh_rkeys(Bundle* b) {
 // reported. The deciding side only (the peer renews its halves with
 // them, onto its own homes). Under b->move_mu.
 constexpr int64_t kHomeCheckMs = 2000;
+constexpr int kQuietMs = 2000;  // a whole bundle's worker, woken by the gen watch
 void return_home(Bundle* b) {
   std::vector<int> away;
   const int64_t now = mono_ms();
@@ -3007,6 +3008,47 @@ void return_home(Bundle* b) {
 // after it had worked waits the longest (damping: a flapping path). When
 // the route comes back (a port event, or the failed path's probes get
 // through again) the wait is cut short, the damping's excepted.
+void wake_probed_workers();
+std::vector<Bundle*> all_bundles();
+
+// One thread per process sleeps on the agent's count of source path
+// liveness changes (a futex in the clock segment) and wakes the probed
+// bundles' workers when it moves, so that a whole bundle's worker need not
+// look at the count every 200 ms (5 wakeups a second per bundle, on a
+// one-CPU soft-RoCE guest a cost the job's throughput showed). It looks for
+// a new segment (a new agent) every 5 s. quiet_ok: it has the segment open.
+std::atomic<bool> g_gen_watch_ok{false};
+void start_gen_watch(const std::string& shm_name) {
+  static std::once_flag once;
+  std::call_once(once, [shm_name] {
+    std::thread([shm_name] {
+      ReentryGuard guard;
+      pthread_setname_np(pthread_self(), "shunt-probe-gen");
+      clocksync::ClockReader r;
+      bool open = false;
+      int64_t next_look = 0;
+      for (;;) {
+        const int64_t now = mono_ms();
+        if (now >= next_look) {
+          next_look = now + ProbeAsk::kAnywayMs;
+          if (!open || r.replaced(shm_name)) {
+            open = r.open(shm_name, nullptr);
+            g_gen_watch_ok.store(open);
+            if (open) wake_probed_workers();  // a new segment: its count is new to them
+          }
+        }
+        if (!open) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(ProbeAsk::kAnywayMs));
+          continue;
+        }
+        const uint64_t seen = r.paths_gen();
+        if (r.wait_paths_gen(seen, static_cast<int>(std::max<int64_t>(1, next_look - mono_ms()))))
+          wake_probed_workers();
+      }
+    }).detach();
+  });
+}
+
 void run_worker(Bundle* b) {
   ReentryGuard guard;
   struct Exit {
@@ -3035,12 +3077,16 @@ void run_worker(Bundle* b) {
     // whole, when it only looks at the agent's count (in-process failures
     // wake it at once): on one-CPU soft-RoCE guests the 50 ms rounds of
     // every probed bundle were a cost the job's throughput showed.
+    // Where the per-process watch wakes it when the count moves (pin or
+    // flowlet, without carrier steering), a whole bundle's worker sleeps up
+    // to 2 s: its home check and its registration are what is left to do.
     int wait_ms = 50;
     {
       std::lock_guard l(b->lk);
       bool whole = !b->need_move && !b->prim.down && !(b->split && b->steer_queue);
       for (const auto& p : b->paths) whole &= !p.down && !p.probation;
       if (whole) wait_ms = 200;
+      if (whole && counts_open && g_gen_watch_ok.load() && !b->split && !b->carrier_steer) wait_ms = kQuietMs;
     }
     {
       std::unique_lock w(b->wmu);
@@ -3068,8 +3114,10 @@ void run_worker(Bundle* b) {
     json steer_why;
     bool check_due = false;
     if (probed) {
-      if (ask.regular(t) && !shm_name.empty() && (!counts_open || counts.replaced(shm_name)))
+      if (ask.regular(t) && !shm_name.empty() && (!counts_open || counts.replaced(shm_name))) {
         counts_open = counts.open(shm_name, nullptr);
+        if (counts_open) start_gen_watch(shm_name);
+      }
       check_due = ask.due(t, counts_open ? std::optional<uint64_t>(counts.paths_gen()) : std::nullopt);
     }
     if (steer_due || check_due) {
@@ -3202,6 +3250,22 @@ void run_worker(Bundle* b) {
                   backoff[i]);
       }
     }
+  }
+}
+
+// Wakes the running workers of probed bundles (the gen watch).
+void wake_probed_workers() {
+  for (Bundle* b : all_bundles()) {
+    {
+      std::lock_guard g(b->mu);
+      if (b->dead || !b->probed) continue;
+    }
+    {
+      std::lock_guard w(b->wmu);
+      if (!b->worker) continue;
+      b->wake = true;
+    }
+    b->wcv.notify_one();
   }
 }
 

@@ -140,6 +140,21 @@ TEST(ClocksyncShm, ReaderSeesPublishedModelsConsistently) {
   pub.bump_paths_gen();
   pub.bump_paths_gen();
   EXPECT_EQ(rd.paths_gen(), 2u);
+  // A reader sleeping on the count wakes when it moves, not at its
+  // timeout; without a change it sleeps the timeout out.
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(rd.wait_paths_gen(2, 100));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(90));
+  EXPECT_TRUE(rd.wait_paths_gen(1, 5000));  // already moved past it
+  std::thread bumper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pub.bump_paths_gen();
+  });
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(rd.wait_paths_gen(2, 10000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  bumper.join();
+  EXPECT_EQ(rd.paths_gen(), 3u);
   EXPECT_FALSE(rd.replaced(name));
   pub.close(true);
   EXPECT_TRUE(rd.replaced(name));  // gone
