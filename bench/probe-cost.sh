@@ -5,7 +5,8 @@
 # (WRITE_WITH_IMM, 1 MiB, -c 1) per run. Runs without libshunt, with
 # libshunt active but no probe engine, and with the host agents probing
 # both rails and every bundle path's source port (SHUNT_PROBE_ADDRS),
-# interleaved, PROBE_COST_ROUNDS rounds (default 4). Reported: each run's
+# interleaved, PROBE_COST_ROUNDS rounds (default 4; PROBE_COST_ENV adds
+# variables to the runs with probes, to price other settings). Reported: each run's
 # busbw, the medians, and their ratios (target of the failover issue:
 # probing costs <= 2% busbw, i.e. probes / shunt >= 0.98). The guests have
 # one CPU each on two host cores, so every probe packet costs the job: the
@@ -32,7 +33,7 @@ run() {
     case $kind in
       none) env=(SHUNT_MODE=off) ;;
       shunt) env=(LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY") ;;
-      probes) env=(LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$(addrs $((r + 1)))") ;;
+      probes) env=(LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_PROBE_ADDRS="$(addrs $((r + 1)))" ${PROBE_COST_ENV:-}) ;;
     esac
     fab exec "h$((r + 1))" -- timeout $((DUR + 60)) env "${env[@]}" "$BENCH" --rank $r --world 2 \
       --bootstrap "$boot:$port" -p sendrecv --transport verbs --verb write_imm -d rxe0 -b 1M -e 1M -w 2 \

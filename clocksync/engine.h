@@ -215,7 +215,7 @@ class ProbeEngine {
   void wake();
   int64_t next_due(int64_t now) const;
   void drain_stamps(ProbeSocket& s, std::vector<Pending>& pend, SourcePath* own, int rail);
-  void send_due(int64_t now);
+  void send_due(int64_t now, bool deferred);
   void send_pair(int peer_idx, const Out& o, int64_t now);
   int receive(ProbeSocket& s, int rail, SourcePath* own);  // -> datagrams read
   bool defer_receipt(int64_t now) const;
