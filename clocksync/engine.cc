@@ -99,6 +99,15 @@ struct ProbeEngine::Out {
   bool gossip;
 };
 
+struct ProbeEngine::Queued {
+  int peer_idx;
+  Out o;
+  uint64_t seq;
+  int64_t now;
+  std::array<uint8_t, kMaxProbeSize> b[2];
+  size_t n[2];
+};
+
 struct ProbeEngine::Peer {
   std::string name;
   int index = 0;  // in peers_ (peers are never removed)
@@ -659,11 +668,21 @@ void ProbeEngine::notify_loop() {
 
 void ProbeEngine::send_due(int64_t now, bool deferred) {
   std::vector<bool> sent(socks_.size(), false);
+  // A rail socket's pairs (each due peer's rail pair, then the answers of
+  // reflected paths) go out in one system call per socket and round where
+  // the kernel stamps them; a user-space stamp is taken right after its
+  // own pair's call.
+  std::vector<std::vector<Queued>> batch(socks_.size());
+  auto rail_pair = [&](int peer_idx, const Out& o) {
+    if (o.sock->mode() == StampMode::user) return send_pair(peer_idx, o, now);
+    batch[size_t(o.rail)].emplace_back();
+    prepare_pair(peer_idx, o, now, &batch[size_t(o.rail)].back());
+  };
   for (auto& p : peers_) {
     if (p->next_send > now) continue;
     for (size_t r = 0; r < p->paths.size(); r++)
       if (p->paths[r].remote.sin_addr.s_addr != 0) {
-        send_pair(p->index, {socks_[r].get(), &p->paths[r], &pending_[r], nullptr, int(r), true}, now);
+        rail_pair(p->index, {socks_[r].get(), &p->paths[r], &pending_[r], nullptr, int(r), true});
         sent[r] = true;
       }
     // Source paths after the rail paths' pairs, on the same schedule.
@@ -674,7 +693,7 @@ void ProbeEngine::send_due(int64_t now, bool deferred) {
         // the peer's to choose.
         if (!sp->owed) continue;
         sp->owed = false;
-        send_pair(p->index, {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false}, now);
+        rail_pair(p->index, {socks_[sp->rail].get(), &sp->ps, &pending_[sp->rail], sp.get(), sp->rail, false});
         sent[sp->rail] = true;
         continue;
       }
@@ -689,6 +708,7 @@ void ProbeEngine::send_due(int64_t now, bool deferred) {
     if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
     p->next_send += std::uniform_int_distribution<int64_t>(0, cfg_.interval_ns / 20)(jitter_) - cfg_.interval_ns / 40;
   }
+  for (auto& b : batch) send_queued(b);
   // Software send stamps are queued by the time send() returns: collect them
   // now rather than in a wakeup of their own (hardware ones come later, on
   // POLLERR). While reads are deferred they wait for the next due time's
@@ -701,6 +721,35 @@ void ProbeEngine::send_due(int64_t now, bool deferred) {
 }
 
 void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
+  Queued q;
+  prepare_pair(peer_idx, o, now, &q);
+  int64_t ids[2];
+  o.sock->send_pair(o.ps->remote, {q.b[0].data(), q.n[0]}, {q.b[1].data(), q.n[1]}, ids);
+  pair_sent(q, ids);
+}
+
+// Several pairs from one socket in one system call, each pair's two
+// datagrams back to back as send_pair sends them; the pairs of other
+// sockets each in a call of their own (a socket's own pairs stay in order).
+void ProbeEngine::send_queued(std::vector<Queued>& qs) {
+  for (size_t i = 0; i < qs.size();) {
+    size_t j = i;
+    std::vector<const sockaddr_in*> to;
+    std::vector<std::span<const uint8_t>> data;
+    for (; j < qs.size() && qs[j].o.sock == qs[i].o.sock; j++)
+      for (int k = 0; k < 2; k++) {
+        to.push_back(&qs[j].o.ps->remote);
+        data.push_back({qs[j].b[k].data(), qs[j].n[k]});
+      }
+    std::vector<int64_t> ids(to.size());
+    qs[i].o.sock->send_many(to, data, ids.data());
+    for (size_t k = i; k < j; k++) pair_sent(qs[k], &ids[2 * (k - i)]);
+    i = j;
+  }
+  qs.clear();
+}
+
+void ProbeEngine::prepare_pair(int peer_idx, const Out& o, int64_t now, Queued* q) {
   Peer& p = *peers_[peer_idx];
   PathState& ps = *o.ps;
   Probe pr;
@@ -745,31 +794,38 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
     }
     p.gossip_cursor = int((p.gossip_cursor + kMaxGossip) % peers_.size());
   }
-  std::array<uint8_t, kMaxProbeSize> b0, b1;
-  size_t n0 = encode(pr, cfg_.key, b0);
+  q->peer_idx = peer_idx;
+  q->o = o;
+  q->seq = pr.seq;
+  q->now = now;
+  q->n[0] = encode(pr, cfg_.key, q->b[0]);
   pr.idx = 1;
-  size_t n1 = encode(pr, cfg_.key, b1);
-  TxPair& tp = ps.tx[pr.seq % kRing];
-  tp = TxPair{pr.seq, {0, 0}, now};
+  q->n[1] = encode(pr, cfg_.key, q->b[1]);
+  ps.tx[pr.seq % kRing] = TxPair{pr.seq, {0, 0}, now};
+}
+
+// After the pair left (ids[i]: its datagrams' stamp ids, -1 if not sent).
+void ProbeEngine::pair_sent(const Queued& q, const int64_t ids[2]) {
+  const Out& o = q.o;
+  PathState& ps = *o.ps;
+  TxPair& tp = ps.tx[q.seq % kRing];
   ProbeSocket& s = *o.sock;
-  int64_t ids[2];
-  s.send_pair(ps.remote, {b0.data(), n0}, {b1.data(), n1}, ids);
   for (int i = 0; i < 2; i++) {
     if (ids[i] < 0) {
       ctr_.send_errors++;
       continue;
     }
     ctr_.sent++;
-    ctr_.bytes_sent += (i == 0 ? n0 : n1) + 28;
+    ctr_.bytes_sent += q.n[i] + 28;
     if (s.mode() == StampMode::user) {
       tp.tx[i] = ts_.now();
       continue;
     }
     auto& pend = *o.pend;
     if (pend.size() >= kPendingMax) pend.erase(pend.begin());
-    pend.push_back({ids[i], peer_idx, pr.seq, i, o.sp});
+    pend.push_back({ids[i], q.peer_idx, q.seq, i, o.sp});
   }
-  ps.view.on_sent(now, pr.seq);
+  ps.view.on_sent(q.now, q.seq);
 }
 
 int ProbeEngine::receive(ProbeSocket& s, int rail, SourcePath* own) {

@@ -216,7 +216,11 @@ class ProbeEngine {
   int64_t next_due(int64_t now) const;
   void drain_stamps(ProbeSocket& s, std::vector<Pending>& pend, SourcePath* own, int rail);
   void send_due(int64_t now, bool deferred);
+  struct Queued;  // a pair encoded, waiting for its socket's batch
   void send_pair(int peer_idx, const Out& o, int64_t now);
+  void prepare_pair(int peer_idx, const Out& o, int64_t now, Queued* q);
+  void pair_sent(const Queued& q, const int64_t ids[2]);
+  void send_queued(std::vector<Queued>& qs);
   int receive(ProbeSocket& s, int rail, SourcePath* own);  // -> datagrams read
   bool defer_receipt(int64_t now) const;
   void handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx_local);

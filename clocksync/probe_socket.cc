@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "clocksync/phc.h"
 
@@ -183,6 +184,24 @@ void ProbeSocket::send_pair(const sockaddr_in& to, std::span<const uint8_t> d0,
   // Every datagram sent counts in the kernel's stamp ids, whole or not.
   for (int i = 0; i < 2; i++)
     ids[i] = i < n ? (m[i].msg_len == iov[i].iov_len ? next_id_++ : (next_id_++, -1)) : -1;
+}
+
+void ProbeSocket::send_many(std::span<const sockaddr_in* const> to, std::span<const std::span<const uint8_t>> data,
+                            int64_t* ids) {
+  const size_t n = std::min(to.size(), data.size());
+  std::vector<iovec> iov(n);
+  std::vector<mmsghdr> m(n);
+  for (size_t i = 0; i < n; i++) {
+    iov[i] = {const_cast<uint8_t*>(data[i].data()), data[i].size()};
+    m[i] = {};
+    m[i].msg_hdr.msg_name = const_cast<sockaddr_in*>(to[i]);
+    m[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+    m[i].msg_hdr.msg_iov = &iov[i];
+    m[i].msg_hdr.msg_iovlen = 1;
+  }
+  int sent = n ? sendmmsg(fd_, m.data(), unsigned(n), 0) : 0;
+  for (size_t i = 0; i < n; i++)
+    ids[i] = int(i) < sent ? (m[i].msg_len == iov[i].iov_len ? next_id_++ : (next_id_++, -1)) : -1;
 }
 
 void ProbeSocket::drain_send_stamps(const std::function<void(int64_t, int64_t)>& fn) {

@@ -44,6 +44,10 @@ class ProbeSocket {
   // is the id datagram i's send stamp will carry, or -1 if it was not sent.
   void send_pair(const sockaddr_in& to, std::span<const uint8_t> d0, std::span<const uint8_t> d1,
                  int64_t ids[2]);
+  // Sends several datagrams in one system call (sendmmsg), in order:
+  // ids[i] as above for datagram i (to[i], data[i]).
+  void send_many(std::span<const sockaddr_in* const> to, std::span<const std::span<const uint8_t>> data,
+                 int64_t* ids);
   // Delivers every queued send stamp as (id, kernel CLOCK_REALTIME ns),
   // several per system call.
   void drain_send_stamps(const std::function<void(int64_t id, int64_t ns)>& fn);
