@@ -87,13 +87,16 @@ std::map<int, SharedPath> g_shared;  // by source path id; agent thread only
 // The ids each bundle calls spare ("spares": ports that carry nothing now);
 // a path shared by bundles is probed as a spare only while every one of
 // them calls it that.
-std::map<std::string, std::set<int>> g_bundle_spares;  // agent thread only
+std::map<std::string, std::set<int>>& bundle_spares() {  // agent thread only; built on first use
+  static auto* m = new std::map<std::string, std::set<int>>;
+  return *m;
+}
 
 void apply_spares(const std::vector<int>& ids) {
   for (int id : ids) {
     bool spare = true;
     for (const auto& [key, held] : g_bundle_paths)
-      if (std::find(held.begin(), held.end(), id) != held.end()) spare &= g_bundle_spares[key].count(id) > 0;
+      if (std::find(held.begin(), held.end(), id) != held.end()) spare &= bundle_spares()[key].count(id) > 0;
     g_engine->set_source_path_spare(id, spare);
   }
 }
@@ -169,7 +172,7 @@ json add_bundle_paths(const json& req) {
   g_bundle_paths[key] = ids;
   std::set<uint16_t> spare_ports;
   for (const auto& sp : req.value("spares", json::array())) spare_ports.insert(sp.get<uint16_t>());
-  std::set<int>& spares = g_bundle_spares[key];
+  std::set<int>& spares = bundle_spares()[key];
   spares.clear();
   for (int id : ids)
     if (auto sp = g_engine->source_path(id); sp && spare_ports.count(sp->port)) spares.insert(id);
@@ -182,7 +185,7 @@ json drop_bundle_paths(const json& req) {
   if (it == g_bundle_paths.end()) return {{"ok", false}};
   std::vector<int> ids = it->second;
   g_bundle_paths.erase(it);
-  g_bundle_spares.erase(req.value("key", ""));
+  bundle_spares().erase(req.value("key", ""));
   if (g_engine) {
     for (int id : ids) let_go(id);
     apply_spares(ids);  // those still shared: the others' word alone

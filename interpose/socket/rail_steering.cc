@@ -97,9 +97,14 @@ State* g = nullptr;
 // stuck subflows, and while no reported socket's byte counts change (a verbs
 // job's idle bootstrap connection) there is nothing to find, so the quiet
 // dump waits. Until when (ms) the last change counts as activity: two
-// reports. The reports' bytes by pid; agent thread only.
+// reports. The reports' bytes by pid; agent thread only, built on first use
+// (the agent thread may report before this library's constructors ran, when
+// a socket was made in another library's constructor).
 std::atomic<int64_t> g_sockets_busy_until{0};
-std::map<std::string, uint64_t> g_report_bytes;
+std::map<std::string, uint64_t>& report_bytes() {
+  static auto* m = new std::map<std::string, uint64_t>;
+  return *m;
+}
 
 void on_member_report(const std::string& pid, const json& report) {
   uint64_t bytes = 0;
@@ -108,10 +113,10 @@ void on_member_report(const std::string& pid, const json& report) {
     for (const auto& so : *it)
       if (so.value("open", false) && so.value("upgraded", false))
         bytes += so.value("tx_bytes", uint64_t{0}) + so.value("rx_bytes", uint64_t{0});
-  uint64_t& seen = g_report_bytes[pid];
+  uint64_t& seen = report_bytes()[pid];
   const bool moved = bytes != seen;
   seen = bytes;
-  if (report.value("final", false)) g_report_bytes.erase(pid);
+  if (report.value("final", false)) report_bytes().erase(pid);
   if (!moved) return;
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
   const bool was = g_sockets_busy_until.exchange(now + 2 * config().num(Param::report_interval_ms)) > now;
