@@ -2999,15 +2999,6 @@ void return_home(Bundle* b) {
               b->ctx->device, b->pqp->qp_num, back.size(), go.size(), err);
 }
 
-// One thread per bundle once a path failed: moves the carrier and renews
-// failed shadows (the deciding side), or reports failures to the deciding
-// side (the other). Renewal retries back off exponentially to
-// SHUNT_PATH_RETRY_MAX_MS and never give up: a renewal that fails, or a
-// renewed path that fails before its probe came back (the route is still
-// dead), doubles the wait. A path that failed three times within a minute
-// after it had worked waits the longest (damping: a flapping path). When
-// the route comes back (a port event, or the failed path's probes get
-// through again) the wait is cut short, the damping's excepted.
 void wake_probed_workers();
 std::vector<Bundle*> all_bundles();
 
@@ -3016,7 +3007,7 @@ std::vector<Bundle*> all_bundles();
 // bundles' workers when it moves, so that a whole bundle's worker need not
 // look at the count every 200 ms (5 wakeups a second per bundle, on a
 // one-CPU soft-RoCE guest a cost the job's throughput showed). It looks for
-// a new segment (a new agent) every 5 s. quiet_ok: it has the segment open.
+// a new segment (a new agent) every 5 s. g_gen_watch_ok: it has one open.
 std::atomic<bool> g_gen_watch_ok{false};
 void start_gen_watch(const std::string& shm_name) {
   static std::once_flag once;
@@ -3049,6 +3040,15 @@ void start_gen_watch(const std::string& shm_name) {
   });
 }
 
+// One thread per bundle once a path failed: moves the carrier and renews
+// failed shadows (the deciding side), or reports failures to the deciding
+// side (the other). Renewal retries back off exponentially to
+// SHUNT_PATH_RETRY_MAX_MS and never give up: a renewal that fails, or a
+// renewed path that fails before its probe came back (the route is still
+// dead), doubles the wait. A path that failed three times within a minute
+// after it had worked waits the longest (damping: a flapping path). When
+// the route comes back (a port event, or the failed path's probes get
+// through again) the wait is cut short, the damping's excepted.
 void run_worker(Bundle* b) {
   ReentryGuard guard;
   struct Exit {
