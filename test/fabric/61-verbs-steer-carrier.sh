@@ -58,7 +58,6 @@ done
 [ -n "$slow_spine" ] || fail "h1's application QP was not seen on one spine"
 other=s1; [ "$slow_spine" = s1 ] && other=s2
 slow_to_third "l1r0-$slow_spine"
-fault_ns=$(fab exec h1 -- python3 -c 'import time; print(time.monotonic_ns())')
 note "h1's uplink to $slow_spine (its carrier's) limited to $limit Mbit/s (it carried $sent bytes in $(python3 -c "print(round($t1 - $t0, 1))") s)"
 # Until h1's traffic crosses the other spine (3 s windows, 25 s at most):
 # a first move may clear the other direction only, and the next one comes
