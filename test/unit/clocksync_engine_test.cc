@@ -62,9 +62,19 @@ EngineConfig config(const std::string& name, const std::string& addr) {
   return c;  // interval 100 ms, dead 250 ms: the defaults
 }
 
-// A and B on 127.0.0.1 / 127.0.0.2, each the other's peer.
+EngineConfig tuned(const std::string& name, const std::string& addr,
+                   const std::function<void(EngineConfig&)>& tune) {
+  EngineConfig c = config(name, addr);
+  if (tune) tune(c);
+  return c;
+}
+
+// A and B on 127.0.0.1 / 127.0.0.2, each the other's peer; `tune` changes
+// both ends' configuration.
 struct Pair {
-  ProbeEngine a{config("a", "127.0.0.1")}, b{config("b", "127.0.0.2")};
+  ProbeEngine a, b;
+  explicit Pair(const std::function<void(EngineConfig&)>& tune = {})
+      : a{tuned("a", "127.0.0.1", tune)}, b{tuned("b", "127.0.0.2", tune)} {}
   bool start() {
     a.add_peer({"b", {"127.0.0.2"}});
     b.add_peer({"a", {"127.0.0.1"}});
@@ -388,14 +398,11 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
 // (they are most of the probes), and still come alive and die.
 TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
   SKIP_UNLESS_NETNS([] {
-    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
-    ca.source_every = cb.source_every = 3;
-    ProbeEngine a{ca}, b{cb};
-    a.add_peer({"b", {"127.0.0.2"}});
-    b.add_peer({"a", {"127.0.0.1"}});
+    Pair p([](EngineConfig& c) { c.source_every = 3; });
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    ProbeEngine &a = p.a, &b = p.b;
     std::string err;
-    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
-    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
     int id = a.add_source_path("b", 0, 40008, &err);
     ASSERT_GT(id, 0) << err;
     ASSERT_TRUE(eventually([&] { return a.source_path(id)->stats.alive; }));
@@ -419,15 +426,14 @@ TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
 // more of them instead of dying at once of its sparse probes.
 TEST(ClocksyncEngine, SparesAreProbedLessOftenAndAnsweredInKind) {
   SKIP_UNLESS_NETNS([] {
-    EngineConfig ca = config("a", "127.0.0.1"), cb = config("b", "127.0.0.2");
-    ca.source_every = cb.source_every = 3;
-    ca.spare_every = cb.spare_every = 20;  // a pair every 2 s, dead after 5 s
-    ProbeEngine a{ca}, b{cb};
-    a.add_peer({"b", {"127.0.0.2"}});
-    b.add_peer({"a", {"127.0.0.1"}});
+    Pair p([](EngineConfig& c) {
+      c.source_every = 3;
+      c.spare_every = 20;  // a pair every 2 s, dead after 5 s
+    });
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    ProbeEngine &a = p.a, &b = p.b;
     std::string err;
-    ASSERT_TRUE(a.start(&err) && b.start(&err)) << err;
-    ASSERT_TRUE(eventually([&] { return a.path("b", 0) && a.path("b", 0)->alive; }));
     int busy = a.add_source_path("b", 0, 40011, &err);
     ASSERT_GT(busy, 0) << err;
     int spare = a.add_source_path("b", 0, 40012, &err);
