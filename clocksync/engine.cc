@@ -728,24 +728,20 @@ void ProbeEngine::send_pair(int peer_idx, const Out& o, int64_t now) {
   pair_sent(q, ids);
 }
 
-// Several pairs from one socket in one system call, each pair's two
-// datagrams back to back as send_pair sends them; the pairs of other
-// sockets each in a call of their own (a socket's own pairs stay in order).
+// Several pairs from one socket (qs: one rail socket's) in one system call,
+// each pair's two datagrams back to back as send_pair sends them.
 void ProbeEngine::send_queued(std::vector<Queued>& qs) {
-  for (size_t i = 0; i < qs.size();) {
-    size_t j = i;
-    std::vector<const sockaddr_in*> to;
-    std::vector<std::span<const uint8_t>> data;
-    for (; j < qs.size() && qs[j].o.sock == qs[i].o.sock; j++)
-      for (int k = 0; k < 2; k++) {
-        to.push_back(&qs[j].o.ps->remote);
-        data.push_back({qs[j].b[k].data(), qs[j].n[k]});
-      }
-    std::vector<int64_t> ids(to.size());
-    qs[i].o.sock->send_many(to, data, ids.data());
-    for (size_t k = i; k < j; k++) pair_sent(qs[k], &ids[2 * (k - i)]);
-    i = j;
-  }
+  if (qs.empty()) return;
+  std::vector<const sockaddr_in*> to;
+  std::vector<std::span<const uint8_t>> data;
+  for (const Queued& q : qs)
+    for (int k = 0; k < 2; k++) {
+      to.push_back(&q.o.ps->remote);
+      data.push_back({q.b[k].data(), q.n[k]});
+    }
+  std::vector<int64_t> ids(to.size());
+  qs.front().o.sock->send_many(to, data, ids.data());
+  for (size_t k = 0; k < qs.size(); k++) pair_sent(qs[k], &ids[2 * k]);
   qs.clear();
 }
 

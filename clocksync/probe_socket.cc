@@ -172,18 +172,9 @@ int64_t ProbeSocket::stamp_from_cmsg(void* mp) const {
 
 void ProbeSocket::send_pair(const sockaddr_in& to, std::span<const uint8_t> d0,
                             std::span<const uint8_t> d1, int64_t ids[2]) {
-  iovec iov[2] = {{const_cast<uint8_t*>(d0.data()), d0.size()}, {const_cast<uint8_t*>(d1.data()), d1.size()}};
-  mmsghdr m[2]{};
-  for (int i = 0; i < 2; i++) {
-    m[i].msg_hdr.msg_name = const_cast<sockaddr_in*>(&to);
-    m[i].msg_hdr.msg_namelen = sizeof(to);
-    m[i].msg_hdr.msg_iov = &iov[i];
-    m[i].msg_hdr.msg_iovlen = 1;
-  }
-  int n = sendmmsg(fd_, m, 2, 0);
-  // Every datagram sent counts in the kernel's stamp ids, whole or not.
-  for (int i = 0; i < 2; i++)
-    ids[i] = i < n ? (m[i].msg_len == iov[i].iov_len ? next_id_++ : (next_id_++, -1)) : -1;
+  const sockaddr_in* dest[2] = {&to, &to};
+  const std::span<const uint8_t> data[2] = {d0, d1};
+  send_many(dest, data, ids);
 }
 
 void ProbeSocket::send_many(std::span<const sockaddr_in* const> to, std::span<const std::span<const uint8_t>> data,
@@ -200,6 +191,7 @@ void ProbeSocket::send_many(std::span<const sockaddr_in* const> to, std::span<co
     m[i].msg_hdr.msg_iovlen = 1;
   }
   int sent = n ? sendmmsg(fd_, m.data(), unsigned(n), 0) : 0;
+  // Every datagram sent counts in the kernel's stamp ids, whole or not.
   for (size_t i = 0; i < n; i++)
     ids[i] = int(i) < sent ? (m[i].msg_len == iov[i].iov_len ? next_id_++ : (next_id_++, -1)) : -1;
 }

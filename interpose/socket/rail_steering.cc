@@ -93,6 +93,10 @@ void poke(State& s) {
 }
 State* g = nullptr;
 
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
+
 // Whether the host's MPTCP sockets move data: the in-band dump looks for
 // stuck subflows, and while no reported socket's byte counts change (a verbs
 // job's idle bootstrap connection) there is nothing to find, so the quiet
@@ -118,13 +122,9 @@ void on_member_report(const std::string& pid, const json& report) {
   seen = bytes;
   if (report.value("final", false)) report_bytes().erase(pid);
   if (!moved) return;
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  const int64_t now = now_ms();
   const bool was = g_sockets_busy_until.exchange(now + 2 * config().num(Param::report_interval_ms)) > now;
   if (!was && g) poke(*g);  // busy again: dump now
-}
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
 }
 
 std::vector<std::string> split(const std::string& s) {
