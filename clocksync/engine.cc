@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "clocksync/clock_shm.h"
@@ -77,7 +78,7 @@ struct ProbeEngine::SourcePath {
   PathState ps;
   PairFilter filter;
   int64_t last_rx = 0;  // reflected: forgotten after reflect_idle() without a probe
-  unsigned round = 0;   // ours: probed in the send rounds where round % every == 0
+  unsigned round = 0;   // ours: rounds so far, from a start of its own (see send_due)
   bool spare = false;   // ours: every = spare_every, else source_every
   // Ours, made faster: until grace_until it is dead after grace_every rounds'
   // worth of dead time, as before (its last probes were that far apart).
@@ -119,6 +120,8 @@ struct ProbeEngine::Peer {
   OffsetEstimator est;
   PairFilter filter;
   int64_t next_send = 0;
+  unsigned rail_round = 0;  // rounds so far (in steps): when the rails are due
+  int64_t round_ns = 0;     // from one send round to the next (interval x step)
   int gossip_cursor = 0;
   int64_t naive_f = 0, naive_r = 0, naive_f_t = 0, naive_r_t = 0;
   bool have_f = false, have_r = false;
@@ -142,6 +145,10 @@ int spare_every(const EngineConfig& c) { return c.spare_every > 0 ? c.spare_ever
 // longer of the two.
 int64_t reflected_dead(const EngineConfig& c) { return c.dead_ns * std::max(source_every(c), spare_every(c)); }
 int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000'000, 4 * reflected_dead(c)); }
+// Rail paths: dead after rail_every x dead_ns, whether the sender sends
+// them every rail_every rounds or more often (a peer with fewer rails).
+int rail_every(const EngineConfig& c) { return std::max(1, c.rail_every); }
+int64_t rail_dead(const EngineConfig& c) { return c.dead_ns * rail_every(c); }
 using SourcePath = ProbeEngine::SourcePath;
 int every_of(const EngineConfig& c, const SourcePath& sp) { return sp.spare ? spare_every(c) : source_every(c); }
 // How long sp may go without a probe at `now` before it is dead.
@@ -353,6 +360,7 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
     // Spread peers over the interval so the pairs of different peers do not collide.
     std::mt19937_64 rng(p->id ^ self_id_);
     p->next_send = ts_.now() + int64_t(rng() % uint64_t(cfg_.interval_ns));
+    p->round_ns = cfg_.interval_ns;
   }
   size_t n = std::min(spec.addrs.size(), cfg_.local_addrs.size());
   if (p->paths.size() < n) p->paths.resize(n);
@@ -481,8 +489,9 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   int64_t due = now + kMaxSleep;
   bool probing = probing_.load();
   // Housekeeping (the loop correction, the PHC refresh) rides on the
-  // wakeups probing makes anyway, a send round every interval: while
-  // probing it may run up to one interval late. Its own wakeups were 10 a
+  // wakeups probing makes anyway, the send rounds: while probing it may run
+  // up to one round's spacing late (an interval, or a few where the paths'
+  // cadences let the thread sleep through rounds). Its own wakeups were 10 a
   // second of the engine's 35 with one peer. The estimator's windows keep
   // theirs: late, a clock step showed late (e2e test 40's estimates within
   // their bound fell from 97-98% to 94.6% in one run of five).
@@ -490,7 +499,7 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   for (auto& p : peers_) {
     if (probing) due = std::min(due, p->next_send);
     due = std::min(due, p->est.next_due());  // a window's end on time: a step shows at once
-    for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(cfg_.dead_ns));
+    for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_)));
     for (auto& sp : p->sources) {
       due = std::min(due, dead_deadline(cfg_, *sp));
       if (sp->reflected) due = std::min(due, sp->last_rx + reflect_idle(cfg_) + 1);
@@ -499,7 +508,11 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   if (!peers_.empty()) house = std::min(house, last_loop_ + kLoopEvery);
   for (auto& s : socks_)
     if (s->mode() == StampMode::hardware) house = std::min(house, last_phc_ + kPhcEvery);
-  if (probing && !peers_.empty() && house < now + kMaxSleep) house += cfg_.interval_ns;
+  if (probing && !peers_.empty() && house < now + kMaxSleep) {
+    int64_t round = kMaxSleep;  // the send rounds' spacing: that of the peer probed most often
+    for (auto& p : peers_) round = std::min(round, p->round_ns);
+    house += round;
+  }
   return std::min(due, house);
 }
 
@@ -680,11 +693,30 @@ void ProbeEngine::send_due(int64_t now, bool deferred) {
   };
   for (auto& p : peers_) {
     if (p->next_send > now) continue;
-    for (size_t r = 0; r < p->paths.size(); r++)
-      if (p->paths[r].remote.sin_addr.s_addr != 0) {
-        rail_pair(p->index, {socks_[r].get(), &p->paths[r], &pending_[r], nullptr, int(r), true});
-        sent[r] = true;
-      }
+    // The rails go out together every `turn` rounds: rail_every, but no
+    // more than the peer has rails, so the clock estimate gets a pair a
+    // round on average. The thread wakes only for the rounds where
+    // something is due: every `step` rounds, the greatest common divisor of
+    // the cadences (2 with the defaults: rails every 2nd, source paths every
+    // 4th, spares every 10th). A path goes out in the round whose span of
+    // `step` rounds holds a multiple of its cadence.
+    int addressed = 0;
+    for (auto& ps : p->paths) addressed += ps.remote.sin_addr.s_addr != 0;
+    const int turn = std::clamp(addressed, 1, rail_every(cfg_));
+    int step = turn;
+    for (auto& sp : p->sources)
+      if (!sp->reflected) step = std::gcd(step, every_of(cfg_, *sp));
+    auto due = [step](unsigned& round, int every) {
+      const unsigned r = round % unsigned(every);
+      round += unsigned(step);
+      return r == 0 || r + unsigned(step) > unsigned(every);
+    };
+    if (due(p->rail_round, turn))
+      for (size_t r = 0; r < p->paths.size(); r++)
+        if (p->paths[r].remote.sin_addr.s_addr != 0) {
+          rail_pair(p->index, {socks_[r].get(), &p->paths[r], &pending_[r], nullptr, int(r), true});
+          sent[r] = true;
+        }
     // Source paths after the rail paths' pairs, on the same schedule.
     for (auto& sp : p->sources) {
       if (sp->reflected) {
@@ -697,15 +729,16 @@ void ProbeEngine::send_due(int64_t now, bool deferred) {
         sent[sp->rail] = true;
         continue;
       }
-      if (sp->round++ % unsigned(every_of(cfg_, *sp))) continue;  // not its round
+      if (!due(sp->round, every_of(cfg_, *sp))) continue;  // not its round
       if (p->paths[sp->rail].remote.sin_addr.s_addr == 0) continue;
       sp->ps.remote = p->paths[sp->rail].remote;  // add_peer may have renamed/readdressed it
       send_pair(p->index, {sp->sock.get(), &sp->ps, &sp->pending, nullptr, sp->rail, false}, now);
       if (!deferred && sp->sock->mode() != StampMode::user) drain_stamps(*sp->sock, sp->pending, sp.get(), sp->rail);
     }
     // Keep the schedule, with a little jitter so hosts do not phase-lock.
-    p->next_send += cfg_.interval_ns;
-    if (p->next_send <= now) p->next_send = now + cfg_.interval_ns;
+    p->round_ns = cfg_.interval_ns * step;
+    p->next_send += p->round_ns;
+    if (p->next_send <= now) p->next_send = now + p->round_ns;
     p->next_send += std::uniform_int_distribution<int64_t>(0, cfg_.interval_ns / 20)(jitter_) - cfg_.interval_ns / 40;
   }
   for (auto& b : batch) send_queued(b);
@@ -1010,7 +1043,7 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
   for (auto& p : peers_) {
     p->est.tick(now);
     for (size_t r = 0; r < p->paths.size(); r++)
-      if (p->paths[r].view.update_liveness(now, cfg_.dead_ns))
+      if (p->paths[r].view.update_liveness(now, rail_dead(cfg_)))
         events->push_back({p->name, int(r), p->paths[r].view.alive(), now});
     for (size_t k = 0; k < p->sources.size();) {
       SourcePath& sp = *p->sources[k];
@@ -1097,7 +1130,7 @@ PeerClock ProbeEngine::clock_of(const Peer& p, int64_t now) const {
   PeerClock c;
   const ClockModel& m = p.est.model();
   c.at = now;
-  if (p.have_f && p.have_r && std::llabs(p.naive_f_t - p.naive_r_t) < 2 * cfg_.interval_ns) {
+  if (p.have_f && p.have_r && std::llabs(p.naive_f_t - p.naive_r_t) < 2 * cfg_.interval_ns * rail_every(cfg_)) {
     c.naive_valid = true;
     c.naive_offset_ns = double(p.naive_f - p.naive_r) / 2;
   }

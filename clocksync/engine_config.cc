@@ -21,6 +21,7 @@ bool engine_config_from(const Config& c, EngineConfig* out, std::vector<PeerSpec
   e.port = uint16_t(c.num(Param::probe_port));
   e.interval_ns = c.num(Param::probe_interval_ms) * 1'000'000;
   e.dead_ns = c.num(Param::path_dead_ms) * 1'000'000;
+  e.rail_every = int(c.num(Param::rail_probe_every));
   e.source_every = int(c.num(Param::source_probe_every));
   e.spare_every = int(c.num(Param::spare_probe_every));
   e.pair_tol_ns = c.num(Param::probe_pair_tol_ns);

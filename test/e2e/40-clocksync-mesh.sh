@@ -6,7 +6,12 @@
 # wander and occasional steps (60 us every 9 s on host 3, -40 us every 7 s on
 # host 2); every host's estimate of every peer must be within its
 # error bound of the truth. Halfway, host 4's rail 1 goes down: every other
-# host must declare that path dead within 3 probe intervals. An estimate is
+# host must declare that path dead within its dead time (SHUNT_RAIL_PROBE_EVERY
+# x 250 ms) and one probe interval. The rails go out in every round here
+# (SHUNT_RAIL_PROBE_EVERY=1, CS_RAIL_EVERY to change it): the test holds the
+# estimator to its full sample rate. With the default, every second round,
+# 95.9-96.4% of the series were within bound in four runs (98.4-98.6% at
+# every round): a step is seen a round later, 200 ms instead of 100. An estimate is
 # invalid for a moment while a suspected step awaits confirmation: the check
 # takes the newest valid one of the last second where the final snapshot is
 # invalid (unless that one is off beyond its bound: host 3 stepped while the
@@ -22,7 +27,7 @@ cs_need_root
 trap cs_cleanup EXIT
 OUT=$(mktemp -d /tmp/clocksync-e2e.XXXXXX)
 
-HOSTS=4 RAILS=2 DUR=${CS_DURATION:-20} INTERVAL=100
+HOSTS=4 RAILS=2 DUR=${CS_DURATION:-20} INTERVAL=100 DEAD=250 RAIL_EVERY=${CS_RAIL_EVERY:-1}
 cs_mesh $HOSTS $RAILS
 for i in 1 2 3 4; do cs_bottleneck $i 0 200mbit; done
 cs_cross 1 3 0 300M 2 "$DUR" 5201
@@ -33,12 +38,12 @@ CLOCK[1]="offset=0"
 CLOCK[2]="offset=1500000,drift=80000,wander=200,wander_period=20,step=-40000,step_every=7"
 CLOCK[3]="offset=-3200000,drift=-95000,step=60000,step_every=9"
 CLOCK[4]="offset=250000,drift=40000"
-export SHUNT_JOB_KEY=clocksync-e2e-secret
+export SHUNT_JOB_KEY=clocksync-e2e-secret SHUNT_RAIL_PROBE_EVERY=$RAIL_EVERY
 for i in $(seq 1 $HOSTS); do
   args=()
   for j in $(seq 1 $HOSTS); do [ "$j" = "$i" ] || args+=(--peer "h$j=$(cs_addrs $j $RAILS)"); done
   ip netns exec "$(cs_ns h$i)" "$BIN" --name "h$i" --listen "$(cs_addrs $i $RAILS)" "${args[@]}" \
-    --interval-ms $INTERVAL --dead-ms 250 --test-clock "${CLOCK[$i]},epoch=$EPOCH" \
+    --interval-ms $INTERVAL --dead-ms $DEAD --test-clock "${CLOCK[$i]},epoch=$EPOCH" \
     --shm "/${CS_PREFIX}h$i" --duration "$DUR" --json "$OUT/h$i.json" --quiet &
   CS_PIDS+=($!)
   PROBE_PIDS+=($!)
@@ -49,7 +54,7 @@ ip -n "$(cs_ns rt)" link set h4r1 down
 for p in "${PROBE_PIDS[@]}"; do wait "$p" || { echo "shunt-probe exited with $?"; exit 1; }; done
 
 python3 test/e2e/clocksync_check.py --settle 5 --dead-at "$DEAD_AT" --dead-peer h4 --dead-rail 1 \
-  --dead-within-ms $((3 * INTERVAL)) "$OUT"/h*.json
+  --dead-within-ms $((RAIL_EVERY * DEAD + INTERVAL)) "$OUT"/h*.json
 rc=$?
 [ $rc = 0 ] && rm -rf "$OUT" || echo "results kept in $OUT"
 exit $rc

@@ -396,6 +396,78 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
 
 // SHUNT_SOURCE_PROBE_EVERY: source paths go out in every Nth round only
 // (they are most of the probes), and still come alive and die.
+// SHUNT_RAIL_PROBE_EVERY: the rails of a two-rail peer go out together in
+// every second round, and the thread wakes only for those (and its
+// estimator windows); a peer with one rail still gets a pair every round;
+// each rail is dead after 2 x dead_ns.
+TEST(ClocksyncEngine, RailsEveryNthRound) {
+  SKIP_UNLESS_NETNS([] {
+    auto tune = [](EngineConfig& c) { c.rail_every = 2; };
+    EngineConfig ca = tuned("a", "127.0.0.1", tune), cb = tuned("b", "127.0.0.2", tune),
+                 cc = tuned("c", "127.0.0.5", tune);
+    ca.local_addrs.push_back("127.0.0.3");
+    cb.local_addrs.push_back("127.0.0.4");
+    ProbeEngine a{ca}, b{cb}, c{cc};
+    std::mutex mu;
+    std::vector<std::pair<PathEvent, int64_t>> dead;  // with the last proof of life before
+    a.on_path_change([&](const PathEvent& e) {
+      if (e.alive || e.peer != "b") return;
+      auto s = a.path(e.peer, e.path);
+      std::lock_guard lk(mu);
+      dead.push_back({e, s ? s->last_heard_ns : 0});
+    });
+    a.add_peer({"b", {"127.0.0.2", "127.0.0.4"}});
+    b.add_peer({"a", {"127.0.0.1", "127.0.0.3"}});
+    c.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(a.start(&err) && b.start(&err) && c.start(&err)) << err;
+    auto alive = [&](const char* peer, int rail) { auto s = a.path(peer, rail); return s && s->alive; };
+    ASSERT_TRUE(eventually([&] { return alive("b", 0) && alive("b", 1); }));
+    auto sent = [&](const char* peer, int rail) { return a.path(peer, rail)->sent; };
+    std::this_thread::sleep_for(300ms);
+    uint64_t b0 = sent("b", 0), b1 = sent("b", 1), w = a.counters().wakeups;
+    std::this_thread::sleep_for(2s);
+    b0 = sent("b", 0) - b0, b1 = sent("b", 1) - b1, w = a.counters().wakeups - w;
+    // Every second round: 10 pairs, 20 probes, on each rail in 2 s; 10
+    // rounds and 4 estimator windows, 14 wakeups here (one rail probed in
+    // every round woke the thread 10-17 times a second; 22 here while the
+    // loop correction kept to every interval, a wakeup of its own between
+    // two rounds).
+    printf("in 2 s: to b rail 0 %llu probes, rail 1 %llu; %llu wakeups\n", (unsigned long long)b0,
+           (unsigned long long)b1, (unsigned long long)w);
+    for (uint64_t n : {b0, b1}) {
+      EXPECT_GE(n, 16u);
+      EXPECT_LE(n, 24u);
+    }
+    EXPECT_LE(w, 18u);
+    // A peer with one rail: a pair every round still.
+    a.add_peer({"c", {"127.0.0.5"}});
+    ASSERT_TRUE(eventually([&] { return alive("c", 0); }));
+    uint64_t c0 = sent("c", 0);
+    std::this_thread::sleep_for(2s);
+    c0 = sent("c", 0) - c0;
+    printf("in 2 s: to c (one rail) %llu probes\n", (unsigned long long)c0);
+    EXPECT_GE(c0, 34u);
+    EXPECT_LE(c0, 44u);
+    // Dead after 2 x 250 ms without a probe, not 250 ms.
+    int64_t cut = a.time().now();
+    b.stop();
+    ASSERT_TRUE(eventually([&] {
+      std::lock_guard lk(mu);
+      return dead.size() >= 2;
+    }, 2s));
+    std::lock_guard lk(mu);
+    for (auto& [e, heard] : dead) {
+      double silent = double(e.at - heard) / 1e6, since_cut = double(e.at - cut) / 1e6;
+      printf("rail %d: dead %.0f ms after the cut, %.0f ms after its last proof of life\n", e.path, since_cut,
+             silent);
+      EXPECT_GT(silent, 500.0);
+      EXPECT_LE(silent, 560.0);
+    }
+    EXPECT_TRUE(alive("c", 0));
+  });
+}
+
 TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
   SKIP_UNLESS_NETNS([] {
     Pair p([](EngineConfig& c) { c.source_every = 3; });
