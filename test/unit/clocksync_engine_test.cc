@@ -394,8 +394,6 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
   });
 }
 
-// SHUNT_SOURCE_PROBE_EVERY: source paths go out in every Nth round only
-// (they are most of the probes), and still come alive and die.
 // SHUNT_RAIL_PROBE_EVERY: the rails of a two-rail peer go out together in
 // every second round, and the thread wakes only for those (and its
 // estimator windows); a peer with one rail still gets a pair every round;
@@ -468,6 +466,8 @@ TEST(ClocksyncEngine, RailsEveryNthRound) {
   });
 }
 
+// SHUNT_SOURCE_PROBE_EVERY: source paths go out in every Nth round only
+// (they are most of the probes), and still come alive and die.
 TEST(ClocksyncEngine, SourcePathsAreProbedInEveryNthRound) {
   SKIP_UNLESS_NETNS([] {
     Pair p([](EngineConfig& c) { c.source_every = 3; });
