@@ -5,7 +5,10 @@
 # (WRITE_WITH_IMM, 1 MiB, -c 1) per run. Runs without libshunt, with
 # libshunt active but no probe engine, and with the host agents probing
 # both rails and every bundle path's source port (SHUNT_PROBE_ADDRS),
-# interleaved, PROBE_COST_ROUNDS rounds (default 4; PROBE_COST_ENV adds
+# interleaved, PROBE_COST_ROUNDS rounds (default 6, about 5 minutes: single
+# runs move by a tenth, and two runs of four rounds at one version gave
+# 0.929x and 0.941x, of six and eight at another 0.961x and 0.964x;
+# PROBE_COST_ENV adds
 # variables to the runs with probes, to price other settings). Reported: each run's
 # busbw, the medians, and their ratios (target of the failover issue:
 # probing costs <= 2% busbw, i.e. probes / shunt >= 0.98). The guests have
@@ -19,7 +22,7 @@ SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
-ROUNDS=${PROBE_COST_ROUNDS:-4}
+ROUNDS=${PROBE_COST_ROUNDS:-6}
 DUR=${PROBE_COST_SECONDS:-15}
 up --hosts 2 --rails 2 --spines 2 --ecmp-hash sport
 KEY=probe-cost-$$
