@@ -496,8 +496,10 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   // theirs: late, a clock step showed late (e2e test 40's estimates within
   // their bound fell from 97-98% to 94.6% in one run of five).
   int64_t house = now + kMaxSleep;
+  int64_t round = kMaxSleep;  // the send rounds' spacing: that of the peer probed most often
   for (auto& p : peers_) {
     if (probing) due = std::min(due, p->next_send);
+    round = std::min(round, p->round_ns);
     due = std::min(due, p->est.next_due());  // a window's end on time: a step shows at once
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_)));
     for (auto& sp : p->sources) {
@@ -508,11 +510,7 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   if (!peers_.empty()) house = std::min(house, last_loop_ + kLoopEvery);
   for (auto& s : socks_)
     if (s->mode() == StampMode::hardware) house = std::min(house, last_phc_ + kPhcEvery);
-  if (probing && !peers_.empty() && house < now + kMaxSleep) {
-    int64_t round = kMaxSleep;  // the send rounds' spacing: that of the peer probed most often
-    for (auto& p : peers_) round = std::min(round, p->round_ns);
-    house += round;
-  }
+  if (probing && !peers_.empty() && house < now + kMaxSleep) house += round;
   return std::min(due, house);
 }
 
