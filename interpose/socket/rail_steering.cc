@@ -27,7 +27,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 constexpr int kTickMs = 50;
-constexpr int64_t kQuietDumpMs = 500;  // the in-band dump while no subflow is busy
+constexpr int64_t kQuietDumpMs = 1000;  // the in-band dump while no subflow is busy
 constexpr int64_t kFlapWindowMs = 30000;
 
 struct Rail {
@@ -404,9 +404,12 @@ void run(State& s) {
     // The endpoints are checked every second while the host's sockets move
     // data (or a change is being retried), every 5 s while they are idle,
     // and at once when they start moving again.
+    // What falls due within a tick of now is done now: the endpoint check
+    // and the quiet dump (both every second while sockets move data) share
+    // a wakeup instead of taking one each a few ms apart.
     const bool idle = now_ms() >= g_sockets_busy_until.load();
     if (!idle && next_assert > now_ms() + kAssertMs) next_assert = now_ms();
-    if (now_ms() >= next_assert) {
+    if (now_ms() + kTickMs > next_assert) {
       assert_endpoints(s, false);
       if (s.status != "incomplete") s.status = s.retry ? "retrying" : "ok";
       next_assert = now_ms() + (idle && !s.retry ? kIdleAssertMs : kAssertMs);
@@ -417,7 +420,7 @@ void run(State& s) {
     // stuck before kStallMs (subflow_watch.cc) anyway. And not at all while
     // no process's reports show its sockets' bytes moving (a report that
     // does pokes this thread), after one dump that found nothing busy.
-    bool dump = inband && now_ms() >= next_dump && (next_dump == 0 || !idle);
+    bool dump = inband && now_ms() + kTickMs > next_dump && (next_dump == 0 || !idle);
     bool moving = tick(s, dump);
     if (moving) next_dump = 0;
     else if (dump) next_dump = now_ms() + kQuietDumpMs;
