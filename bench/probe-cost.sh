@@ -56,7 +56,11 @@ declare -A all cpu
 cpu_pct() { awk '{ printf "%.1f%%", 100 * $NF }' <<< "$1"; }  # the newest sample
 for ((i = 1; i <= ROUNDS; i++)); do
   line="  round $i:"
-  for kind in none shunt probes; do
+  # shunt and probes in turns first, so neither always runs right after
+  # the other (a run may pay for its predecessor's teardown).
+  order="none shunt probes"
+  ((i % 2)) || order="none probes shunt"
+  for kind in $order; do
     bw=$(run $kind)
     [ -n "$bw" ] || fail "$kind: no busbw"
     all[$kind]+="$bw "
@@ -74,6 +78,12 @@ print("sendrecv 1 MiB busbw, median of %d runs: without libshunt %.4f, shunt wit
       "shunt with probes %.4f GB/s" % (len(none), m["none"], m["shunt"], m["probes"]))
 print("  probes / shunt: %.3fx (probing costs %.1f%%; target <= 2%%)" % (m["probes"] / m["shunt"],
       100 * (1 - m["probes"] / m["shunt"])))
+# Each round's two runs are close in time, so their ratio shares the host's
+# load: the mean of those ratios, with its standard error, says how far
+# the figure above can be trusted.
+r = [p / s for p, s in zip(probes, shunt)]
+se = st.stdev(r) / len(r) ** 0.5 if len(r) > 1 else float("nan")
+print("  probes / shunt per round: mean %.3fx +- %.3f (standard error), median %.3fx" % (st.mean(r), se, st.median(r)))
 print("  shunt / none:   %.3fx;  probes / none: %.3fx" % (m["shunt"] / m["none"], m["probes"] / m["none"]))
 print("  shunt's own threads on h1 (all but the rank's main thread), median share of the guest's CPU: "
       "%.1f%% without probes, %.1f%% with" % (100 * st.median(cpu_shunt), 100 * st.median(cpu_probes)))
