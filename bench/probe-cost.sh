@@ -10,7 +10,8 @@
 # 0.929x and 0.941x, of six and eight at another 0.961x and 0.964x;
 # PROBE_COST_ENV adds
 # variables to the runs with probes, to price other settings). Reported: each run's
-# busbw, the medians, and their ratios (target of the failover issue:
+# busbw, the medians, their ratios, and the mean of each round's
+# probes / shunt with its standard error (target of the failover issue:
 # probing costs <= 2% busbw, i.e. probes / shunt >= 0.98). The guests have
 # one CPU each on two host cores, so every probe packet costs the job: the
 # ratio here is the worst case, not a datacenter host's. The busbw of
