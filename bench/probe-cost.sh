@@ -80,8 +80,9 @@ print("sendrecv 1 MiB busbw, median of %d runs: without libshunt %.4f, shunt wit
 print("  probes / shunt: %.3fx (probing costs %.1f%%; target <= 2%%)" % (m["probes"] / m["shunt"],
       100 * (1 - m["probes"] / m["shunt"])))
 # Each round's two runs are close in time, so their ratio shares the host's
-# load: the mean of those ratios, with its standard error, says how far
-# the figure above can be trusted.
+# load: the mean of those ratios, with its standard error, says how well
+# this invocation's rounds agree. Invocations (each on a fabric of its own)
+# differ by a few points more than that (docs/design.md).
 r = [p / s for p, s in zip(probes, shunt)]
 se = st.stdev(r) / len(r) ** 0.5 if len(r) > 1 else float("nan")
 print("  probes / shunt per round: mean %.3fx +- %.3f (standard error), median %.3fx" % (st.mean(r), se, st.median(r)))
