@@ -328,6 +328,20 @@ void ProbeEngine::set_probing(bool on) {
   wake();
 }
 
+void ProbeEngine::pause_probing(int64_t from, int64_t until) {
+  {
+    std::lock_guard lk(mu_);
+    pause_from_ = until > from ? from : 0;
+    pause_until_ = until > from ? until : 0;
+  }
+  wake();
+}
+
+std::pair<int64_t, int64_t> ProbeEngine::probing_pause() const {
+  std::lock_guard lk(mu_);
+  return {pause_from_, pause_until_};
+}
+
 void ProbeEngine::add_peer(const PeerSpec& spec) {
   std::lock_guard lk(mu_);
   Peer* p = nullptr;
@@ -497,10 +511,16 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   // their bound fell from 97-98% to 94.6% in one run of five).
   int64_t house = now + kMaxSleep;
   int64_t round = kMaxSleep;  // the send rounds' spacing: that of the peer probed most often
+  // A pause: no pair is due before its end, and no liveness deadline
+  // before the margin after it.
+  const bool q = quiet(now), fz = frozen(now);
+  if (q) due = std::min(due, pause_until_);
+  if (fz) due = std::min(due, pause_until_ + kPauseMargin);
   for (auto& p : peers_) {
-    if (probing) due = std::min(due, p->next_send);
+    if (probing && !q) due = std::min(due, p->next_send);
     round = std::min(round, p->round_ns);
     due = std::min(due, p->est.next_due());  // a window's end on time: a step shows at once
+    if (fz) continue;
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_)));
     for (auto& sp : p->sources) {
       due = std::min(due, dead_deadline(cfg_, *sp));
@@ -633,7 +653,7 @@ void ProbeEngine::run() {
         rate_since_ = now;
         rate_count_ = 0;
       }
-      if (probing_.load()) send_due(now, defer);
+      if (probing_.load() && !quiet(now)) send_due(now, defer);
       tick(now, &events);
       if (shm_ && std::any_of(events.begin(), events.end(), [](const PathEvent& e) { return e.source_id; }))
         shm_->pub.bump_paths_gen();
@@ -857,8 +877,9 @@ void ProbeEngine::pair_sent(const Queued& q, const int64_t ids[2]) {
 
 int ProbeEngine::receive(ProbeSocket& s, int rail, SourcePath* own) {
   static_assert(ProbeSocket::kMaxDatagram > kMaxProbeSize);
+  const bool ignore = !probing_.load() || quiet(ts_.now());
   return s.recv_all(256, [&](std::span<const uint8_t> d, const sockaddr_in& from, int64_t rx_ns) {
-    if (!probing_.load()) return;
+    if (ignore) return;
     ctr_.received++;
     Probe pr;
     DecodeStatus st = d.size() > kMaxProbeSize ? DecodeStatus::short_or_long : decode(d, cfg_.key, &pr);
@@ -1038,8 +1059,10 @@ void ProbeEngine::forget_reflected(Peer& p, size_t k) {
 }
 
 void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
+  const bool fz = frozen(now);  // a pause (pause_probing): every path stays as it was
   for (auto& p : peers_) {
     p->est.tick(now);
+    if (fz) continue;
     for (size_t r = 0; r < p->paths.size(); r++)
       if (p->paths[r].view.update_liveness(now, rail_dead(cfg_)))
         events->push_back({p->name, int(r), p->paths[r].view.alive(), now});

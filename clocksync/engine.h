@@ -166,6 +166,19 @@ class ProbeEngine {
   void add_peer(const PeerSpec& p);
   // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
   void set_probing(bool on);
+  // A pause of probing from `from` to `until` (local ns, the clock of
+  // time().now()): no pair is sent and arriving probes are ignored, and no
+  // path is judged dead or alive from kPauseMargin before it to kPauseMargin
+  // after it, so that every host of a job can pause at the same wall-clock
+  // time by its own clock (the hosts' clocks and the commands' arrival differ
+  // by less than the margin) without a peer taking the silence for a
+  // failure. What it is for: the cost of probing measured inside one running
+  // job, with the probing on and paused in turns (bench/probe-cost.sh). A
+  // later call replaces an earlier one; until <= from cancels it.
+  static constexpr int64_t kPauseMargin = 3'000'000'000;
+  void pause_probing(int64_t from, int64_t until);
+  // The pause in force or to come ({0, 0}: none).
+  std::pair<int64_t, int64_t> probing_pause() const;
   // Called on every liveness change of a rail path, in order, from the
   // engine's notifier thread, never the thread that probes: a callback that
   // waits (for a lock another thread holds through netlink round trips, as
@@ -252,6 +265,11 @@ class ProbeEngine {
   std::vector<std::function<void(const PathEvent&)>> path_listeners_;
   std::mutex cb_mu_;
   std::atomic<bool> stop_{false}, probing_{true};
+  int64_t pause_from_ = 0, pause_until_ = 0;  // under mu_ (pause_probing)
+  bool quiet(int64_t now) const { return now >= pause_from_ && now < pause_until_; }
+  bool frozen(int64_t now) const {
+    return pause_until_ > pause_from_ && now >= pause_from_ - kPauseMargin && now < pause_until_ + kPauseMargin;
+  }
   std::thread thread_;
   // Liveness changes, from the engine thread to the notifier thread, which
   // logs them and calls the callbacks.

@@ -342,6 +342,63 @@ TEST(ClocksyncEngine, SourcePathsKeepTheirOwnStats) {
   });
 }
 
+// A pause (pause_probing) at the same wall-clock time on both ends: nothing
+// is sent during it, the thread does not spin, and no path, rail or source,
+// is judged dead for the silence, which lasts six dead times; probing goes
+// on after it. One end pausing a little later than the other (its command
+// came later) is inside the margin.
+TEST(ClocksyncEngine, APauseSendsNothingAndKillsNoPath) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    std::mutex mu;
+    std::vector<PathEvent> ev;
+    auto note = [&](const PathEvent& e) {
+      std::lock_guard lk(mu);
+      ev.push_back(e);
+    };
+    p.a.on_path_change(note);
+    p.a.on_source_path_change(note);
+    p.b.on_path_change(note);
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    std::string err;
+    int s = p.a.add_source_path("b", 0, 40011, &err);
+    ASSERT_GT(s, 0) << err;
+    ASSERT_TRUE(eventually([&] { return p.a.source_path(s)->stats.alive; }));
+    {
+      std::lock_guard lk(mu);
+      ev.clear();
+    }
+    const int64_t t0 = p.a.time().now();
+    p.a.pause_probing(t0 + 200'000'000, t0 + 1'700'000'000);
+    p.b.pause_probing(t0 + 300'000'000, t0 + 1'800'000'000);
+    EXPECT_EQ(p.a.probing_pause(), std::make_pair(t0 + 200'000'000, t0 + 1'700'000'000));
+    std::this_thread::sleep_for(450ms);
+    const auto c0 = p.a.counters(), b0 = p.b.counters();
+    std::this_thread::sleep_for(1000ms);  // inside both pauses
+    const auto c1 = p.a.counters(), b1 = p.b.counters();
+    EXPECT_EQ(c1.sent, c0.sent);
+    EXPECT_EQ(b1.sent, b0.sent);
+    EXPECT_LE(c1.wakeups - c0.wakeups, 6u);  // two estimator windows a second, nothing else
+    EXPECT_TRUE(p.a.path("b", 0)->alive);
+    EXPECT_TRUE(p.b.path("a", 0)->alive);
+    EXPECT_TRUE(p.a.source_path(s)->stats.alive);
+    // Past the pause and its margin: probing again, every path alive, and
+    // not one liveness change on either end all along.
+    std::this_thread::sleep_for(1800ms + std::chrono::nanoseconds(ProbeEngine::kPauseMargin));
+    const auto c2 = p.a.counters();
+    EXPECT_GT(c2.sent, c1.sent + 20);
+    EXPECT_TRUE(p.a.path("b", 0)->alive);
+    EXPECT_TRUE(p.b.path("a", 0)->alive);
+    EXPECT_TRUE(p.a.source_path(s)->stats.alive);
+    std::lock_guard lk(mu);
+    for (auto& e : ev) ADD_FAILURE() << e.peer << " path " << e.path << " source " << e.source_id << " alive " << e.alive;
+    // A pause that ends before it starts cancels.
+    p.a.pause_probing(5, 5);
+    EXPECT_EQ(p.a.probing_pause(), std::make_pair(int64_t{0}, int64_t{0}));
+  });
+}
+
 TEST(ClocksyncEngine, SourcePathErrors) {
   SKIP_UNLESS_NETNS([] {
     Pair p;
