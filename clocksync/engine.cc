@@ -328,18 +328,37 @@ void ProbeEngine::set_probing(bool on) {
   wake();
 }
 
-void ProbeEngine::pause_probing(int64_t from, int64_t until) {
+void ProbeEngine::pause_probing(int64_t from, int64_t until, int64_t every, int count) {
   {
     std::lock_guard lk(mu_);
-    pause_from_ = until > from ? from : 0;
-    pause_until_ = until > from ? until : 0;
+    pause_ = {};
+    if (until > from) {
+      const bool periodic = every >= until - from + 2 * kPauseMargin && count > 1;
+      pause_ = {from, until, periodic ? every : 0, periodic ? count : 1};
+    }
   }
   wake();
 }
 
-std::pair<int64_t, int64_t> ProbeEngine::probing_pause() const {
+ProbeEngine::Pause ProbeEngine::probing_pause() const {
   std::lock_guard lk(mu_);
-  return {pause_from_, pause_until_};
+  return pause_;
+}
+
+bool ProbeEngine::in_pause(int64_t now, int64_t margin, int64_t* end) const {
+  const Pause& p = pause_;
+  if (p.until <= p.from) return false;
+  // The pause now is in, or the next (its margin may start before it).
+  int64_t k = 0;
+  if (p.every > 0 && now > p.from) k = std::min<int64_t>((now - p.from) / p.every, p.count - 1);
+  for (int64_t j = k; j <= k + 1 && j < p.count; j++) {
+    const int64_t s = p.from + j * p.every, e = p.until + j * p.every;
+    if (now >= s - margin && now < e + margin) {
+      if (end) *end = e + margin;
+      return true;
+    }
+  }
+  return false;
 }
 
 void ProbeEngine::add_peer(const PeerSpec& spec) {
@@ -513,9 +532,10 @@ int64_t ProbeEngine::next_due(int64_t now) const {
   int64_t round = kMaxSleep;  // the send rounds' spacing: that of the peer probed most often
   // A pause: no pair is due before its end, and no liveness deadline
   // before the margin after it.
-  const bool q = quiet(now), fz = frozen(now);
-  if (q) due = std::min(due, pause_until_);
-  if (fz) due = std::min(due, pause_until_ + kPauseMargin);
+  int64_t quiet_end = 0, frozen_end = 0;
+  const bool q = in_pause(now, 0, &quiet_end), fz = in_pause(now, kPauseMargin, &frozen_end);
+  if (q) due = std::min(due, quiet_end);
+  if (fz) due = std::min(due, frozen_end);
   for (auto& p : peers_) {
     if (probing && !q) due = std::min(due, p->next_send);
     round = std::min(round, p->round_ns);

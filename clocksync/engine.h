@@ -167,18 +167,25 @@ class ProbeEngine {
   // Off: no probes sent and arriving ones ignored (holdover, for tests/bench).
   void set_probing(bool on);
   // A pause of probing from `from` to `until` (local ns, the clock of
-  // time().now()): no pair is sent and arriving probes are ignored, and no
-  // path is judged dead or alive from kPauseMargin before it to kPauseMargin
-  // after it, so that every host of a job can pause at the same wall-clock
-  // time by its own clock (the hosts' clocks and the commands' arrival differ
-  // by less than the margin) without a peer taking the silence for a
-  // failure. What it is for: the cost of probing measured inside one running
-  // job, with the probing on and paused in turns (bench/probe-cost.sh). A
-  // later call replaces an earlier one; until <= from cancels it.
+  // time().now()), and with `every` > 0 again every `every` ns, `count`
+  // pauses in all: no pair is sent and arriving probes are ignored, and no
+  // path is judged dead or alive from kPauseMargin before a pause to
+  // kPauseMargin after it, so that every host of a job can pause at the
+  // same wall-clock time by its own clock (the hosts' clocks and the
+  // commands' arrival differ by less than the margin) without a peer taking
+  // the silence for a failure. What it is for: the cost of probing measured
+  // inside one running job, with the probing on and paused in turns
+  // (bench/probe-pause.sh). A later call replaces an earlier one; until <=
+  // from cancels. `every` must leave liveness judged between two pauses
+  // (>= until - from + 2 x kPauseMargin), else it is taken as one pause.
   static constexpr int64_t kPauseMargin = 3'000'000'000;
-  void pause_probing(int64_t from, int64_t until);
-  // The pause in force or to come ({0, 0}: none).
-  std::pair<int64_t, int64_t> probing_pause() const;
+  struct Pause {
+    int64_t from = 0, until = 0, every = 0;  // until <= from: none
+    int count = 0;
+    bool operator==(const Pause&) const = default;
+  };
+  void pause_probing(int64_t from, int64_t until, int64_t every = 0, int count = 1);
+  Pause probing_pause() const;  // the schedule in force ({}: none)
   // Called on every liveness change of a rail path, in order, from the
   // engine's notifier thread, never the thread that probes: a callback that
   // waits (for a lock another thread holds through netlink round trips, as
@@ -265,11 +272,12 @@ class ProbeEngine {
   std::vector<std::function<void(const PathEvent&)>> path_listeners_;
   std::mutex cb_mu_;
   std::atomic<bool> stop_{false}, probing_{true};
-  int64_t pause_from_ = 0, pause_until_ = 0;  // under mu_ (pause_probing)
-  bool quiet(int64_t now) const { return now >= pause_from_ && now < pause_until_; }
-  bool frozen(int64_t now) const {
-    return pause_until_ > pause_from_ && now >= pause_from_ - kPauseMargin && now < pause_until_ + kPauseMargin;
-  }
+  Pause pause_;  // under mu_ (pause_probing)
+  // Whether `now` is in a pause widened by `margin` on each side; *end: where
+  // that widened pause ends.
+  bool in_pause(int64_t now, int64_t margin, int64_t* end = nullptr) const;
+  bool quiet(int64_t now) const { return in_pause(now, 0); }
+  bool frozen(int64_t now) const { return in_pause(now, kPauseMargin); }
   std::thread thread_;
   // Liveness changes, from the engine thread to the notifier thread, which
   // logs them and calls the callbacks.

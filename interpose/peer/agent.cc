@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -39,6 +40,7 @@ struct Client {
 struct State {
   std::mutex mu;  // registration and start
   std::map<std::string, Handler> commands;
+  std::set<std::string> controls;  // commands that change what the agent does
   std::vector<Service> services;
   std::vector<ReportListener> report_listeners;
   std::atomic<bool> started{false};
@@ -118,6 +120,8 @@ json handle(State& s, const json& req, uid_t peer_uid) {
   if (cmd == "members") return {{"members", s.members}};
   auto it = s.commands.find(cmd);
   if (it == s.commands.end()) return {{"error", "unknown command " + cmd}};
+  if (s.controls.count(cmd) && peer_uid != 0 && peer_uid != getuid())
+    return {{"error", cmd + " is taken from this user and root only"}};
   try {
     return it->second(req);
   } catch (const std::exception& e) {
@@ -273,9 +277,10 @@ void ensure_started() {
 bool is_host_agent() { return st().is_agent.load(); }
 std::string socket_path() { return st().sock_path; }
 
-void register_command(const std::string& name, Handler h) {
+void register_command(const std::string& name, Handler h, Access access) {
   std::lock_guard lk(st().mu);
   st().commands[name] = std::move(h);
+  if (access == Access::control) st().controls.insert(name);
 }
 
 void register_service(Service svc) {

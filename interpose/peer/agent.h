@@ -20,8 +20,12 @@ std::string socket_path();  // the control socket in force ("" when none)
 
 // A command the host agent serves on its control socket. The handler runs
 // on the agent thread: keep it short. Register before ensure_started().
+// Anyone may read (the socket is open to every user); a control command,
+// one that changes what the agent does, is taken from the agent's user and
+// root only.
 using Handler = std::function<nlohmann::json(const nlohmann::json& request)>;
-void register_command(const std::string& name, Handler h);
+enum class Access { read, control };
+void register_command(const std::string& name, Handler h, Access access = Access::read);
 
 // A host service: started on the thread that becomes the agent, stopped
 // when the process exits. Register before ensure_started().

@@ -242,6 +242,52 @@ json route_hops(const json& req) {
   return {{"ports", e->ports}, {"hops", e->hops}, {"age_ms", mono_ms() - e->at_ms}};
 }
 
+// `shuntctl probing`: pauses of the probe engine at wall-clock times
+// (ProbeEngine::pause_probing), for every host of a job to pause together
+// and the cost of probing to be read off the job's own throughput, with
+// probing on and paused in turns. {"pause_ms": 1..600000, "at_unix_ms":
+// from 1 s ago to 10 min ahead (default now), "every_ms" and "count":
+// optional, that many pauses that far apart}, {"resume": true} to end
+// them; with neither, the schedule in force. The answer: the schedule
+// ("pause": null when none) in the host's wall-clock ms.
+json probing_command(const json& req) {
+  if (!g_engine) return {{"error", "no probe engine (SHUNT_PROBE_ADDRS)"}};
+  const int64_t real = clocksync::TimeSource::kernel_now(), local = g_engine->time().now();
+  const int64_t now_ms = real / 1'000'000, margin_ms = clocksync::ProbeEngine::kPauseMargin / 1'000'000;
+  auto integer = [&](const char* name, int64_t dflt, int64_t lo, int64_t hi, int64_t* out) -> std::string {
+    const json v = req.value(name, json(dflt));
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      return std::string(name) + " must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+    *out = v.get<int64_t>();
+    return "";
+  };
+  if (req.value("resume", false)) {
+    g_engine->pause_probing(0, 0);
+  } else if (req.contains("pause_ms")) {
+    int64_t len = 0, at = 0, count = 0, every = 0;
+    std::string why = integer("pause_ms", 0, 1, 600'000, &len);
+    if (why.empty()) why = integer("at_unix_ms", now_ms, now_ms - 1000, now_ms + 600'000, &at);
+    if (why.empty()) why = integer("count", 1, 1, 10'000, &count);
+    if (why.empty() && count > 1) why = integer("every_ms", 0, len + 2 * margin_ms, 3'600'000, &every);
+    if (!why.empty())
+      return {{"error", why + " (at_unix_ms: this host's clock, now " + std::to_string(now_ms) +
+                            "; every_ms leaves the margin of " + std::to_string(margin_ms) +
+                            " ms on each side of a pause)"}};
+    const int64_t from = local + (at * 1'000'000 - real);
+    g_engine->pause_probing(from, from + len * 1'000'000, every * 1'000'000, int(count));
+  }
+  const auto p = g_engine->probing_pause();
+  if (p.until <= p.from) return {{"pause", nullptr}};
+  // To the nearest ms: local and real are read a few ns apart.
+  auto unix_ms = [&](int64_t t) { return (t - local + real + 500'000) / 1'000'000; };
+  return {{"pause",
+           {{"from_unix_ms", unix_ms(p.from)},
+            {"until_unix_ms", unix_ms(p.until)},
+            {"every_ms", p.every / 1'000'000},
+            {"count", p.count},
+            {"margin_ms", margin_ms}}}};
+}
+
 void start_probe_engine() {
   const Config& c = config();
   if (c.str(Param::probe_addrs).empty()) return;  // no rails named: nothing to probe
@@ -271,14 +317,17 @@ void register_builtin_services() {
                         if (g_engine) g_engine->stop();
                       }});
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
-    register_command("bundle-paths", [](const json& r) {
-      try {
-        return add_bundle_paths(r);
-      } catch (const json::exception& e) {
-        return json{{"error", std::string("malformed request: ") + e.what()}};
-      }
-    });
-    register_command("bundle-paths-drop", drop_bundle_paths);
+    register_command(
+        "bundle-paths",
+        [](const json& r) {
+          try {
+            return add_bundle_paths(r);
+          } catch (const json::exception& e) {
+            return json{{"error", std::string("malformed request: ") + e.what()}};
+          }
+        },
+        Access::control);
+    register_command("bundle-paths-drop", drop_bundle_paths, Access::control);
     register_command("route-hops", [](const json& r) {
       try {
         return route_hops(r);
@@ -287,6 +336,16 @@ void register_builtin_services() {
       }
     });
     register_command("bundle-paths-stats", bundle_paths_stats);
+    register_command(
+        "probing",
+        [](const json& r) {
+          try {
+            return probing_command(r);
+          } catch (const json::exception& e) {
+            return json{{"error", std::string("malformed request: ") + e.what()}};
+          }
+        },
+        Access::control);
     register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));
     telemetry::register_agent_services([] { return g_engine; });

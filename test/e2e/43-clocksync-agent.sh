@@ -8,7 +8,7 @@
 # `shuntctl peers --json` must show its offset within its bound of the
 # injected truth, and after the link is cut the path must be declared dead
 # within its dead time (SHUNT_RAIL_PROBE_EVERY x SHUNT_PATH_DEAD_MS) and one
-# probe interval.
+# probe interval. Before the cut, `shuntctl probing` pauses both hosts.
 set -u
 cd "$(dirname "$0")/../.."
 . test/e2e/clocksync_lib.bash
@@ -132,6 +132,38 @@ assert p["port"] == 50002 and p["alive"] and p["fwd_queue"]["samples"] > n0 + 2,
 print("ok: a second bundle on port 50002 shares its source path, still probed after the first bundle dropped it")
 assert ask({"cmd": "bundle-paths-drop", "key": key + "-2"}).get("ok")
 PY
+
+# A pause of probing on both hosts (`shuntctl probing`, to price probing
+# inside a running job): bad values are refused with the allowed range; a
+# pause sends nothing, and kills no path although it lasts four of its
+# dead times; probing comes back after it.
+ctl() { local i=$1; shift; SHUNT_RUN_DIR="$TMP/run$i" "$CTL" probing "$@"; }
+sent() { peers "$1" | python3 -c 'import json, sys; p = json.load(sys.stdin)["peers"][0]["paths"][0]; print(p["sent"], str(p["alive"]).lower())'; }
+out=$(ctl 1 --pause 1000 --every 2000 --count 3 2>&1) && fail "a pause every 2 s (no time to judge between them) was taken: $out"
+echo "$out" | grep -q "every_ms must be an integer from 7000" || fail "no range for every_ms: $out"
+out=$(ctl 1 --pause 1000 --at 5 2>&1) && fail "a pause in 1970 was taken: $out"
+echo "$out" | grep -q "at_unix_ms must be an integer from" || fail "no range for at_unix_ms: $out"
+until_ms() { while [ "$(date +%s%3N)" -lt "$1" ]; do sleep 0.05; done; }
+at=$(( $(date +%s%3N) + 1000 ))
+for i in 1 2; do ctl $i --pause 2000 --at $at --json > "$TMP/pause$i" || fail "a$i: pause refused"; done
+grep -q "\"from_unix_ms\": $at" "$TMP/pause1" || fail "pause not as asked: $(cat "$TMP/pause1")"
+until_ms $((at + 200)); read -r s0 _ < <(sent 1)
+until_ms $((at + 1500)); read -r s1 alive1 < <(sent 1)
+[ "$s1" = "$s0" ] || fail "a1 sent probes during the pause ($s0 -> $s1)"
+[ "$alive1" = true ] || fail "path a1 -> a2 judged dead during the pause"
+until_ms $((at + 2000 + 3000 + 800)); read -r s2 alive2 < <(sent 1)
+[ "$alive2" = true ] && [ "$s2" -gt "$s1" ] || fail "after the pause: sent $s1 -> $s2, alive $alive2"
+ctl 1 | grep -q "probing paused from $at" || fail "the schedule is not shown: $(ctl 1)"
+# Another user reads, but does not pause (nor change a bundle's probes).
+if command -v setpriv >/dev/null; then
+  chmod 711 "$TMP"; chmod 1777 "$TMP/run1"  # shuntctl wants a run directory it may write
+  nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups env SHUNT_RUN_DIR="$TMP/run1" "$CTL" "$@" 2>&1; }
+  out=$(nobody peers --json) || fail "another user cannot read the peers: $out"
+  out=$(nobody probing --pause 1000) && fail "another user paused probing: $out"
+  echo "$out" | grep -q "probing is taken from this user and root only" || fail "another user's pause: $out"
+fi
+ctl 1 --resume | grep -q "no pause" || fail "--resume left a pause"
+echo "ok: paused 2 s on both hosts: nothing sent, the path alive throughout, probing again after"
 
 alive() { peers 1 | python3 -c '
 import json, sys

@@ -342,11 +342,11 @@ TEST(ClocksyncEngine, SourcePathsKeepTheirOwnStats) {
   });
 }
 
-// A pause (pause_probing) at the same wall-clock time on both ends: nothing
-// is sent during it, the thread does not spin, and no path, rail or source,
-// is judged dead for the silence, which lasts six dead times; probing goes
-// on after it. One end pausing a little later than the other (its command
-// came later) is inside the margin.
+// Pauses (pause_probing) at the same wall-clock times on both ends: nothing
+// is sent during them, the thread does not spin, and no path, rail or
+// source, is judged dead for the silence, which lasts five dead times;
+// probing goes on between and after them. One end pausing a little later
+// than the other (its command came later) is inside the margin.
 TEST(ClocksyncEngine, APauseSendsNothingAndKillsNoPath) {
   SKIP_UNLESS_NETNS([] {
     Pair p;
@@ -369,33 +369,45 @@ TEST(ClocksyncEngine, APauseSendsNothingAndKillsNoPath) {
       std::lock_guard lk(mu);
       ev.clear();
     }
+    // Two pauses of 1.2 s, 7.5 s apart; b's start 100 ms after a's.
+    constexpr int64_t kLen = 1'200'000'000, kEvery = 7'500'000'000;
     const int64_t t0 = p.a.time().now();
-    p.a.pause_probing(t0 + 200'000'000, t0 + 1'700'000'000);
-    p.b.pause_probing(t0 + 300'000'000, t0 + 1'800'000'000);
-    EXPECT_EQ(p.a.probing_pause(), std::make_pair(t0 + 200'000'000, t0 + 1'700'000'000));
-    std::this_thread::sleep_for(450ms);
-    const auto c0 = p.a.counters(), b0 = p.b.counters();
-    std::this_thread::sleep_for(1000ms);  // inside both pauses
-    const auto c1 = p.a.counters(), b1 = p.b.counters();
-    EXPECT_EQ(c1.sent, c0.sent);
-    EXPECT_EQ(b1.sent, b0.sent);
-    EXPECT_LE(c1.wakeups - c0.wakeups, 6u);  // two estimator windows a second, nothing else
-    EXPECT_TRUE(p.a.path("b", 0)->alive);
-    EXPECT_TRUE(p.b.path("a", 0)->alive);
-    EXPECT_TRUE(p.a.source_path(s)->stats.alive);
-    // Past the pause and its margin: probing again, every path alive, and
-    // not one liveness change on either end all along.
-    std::this_thread::sleep_for(1800ms + std::chrono::nanoseconds(ProbeEngine::kPauseMargin));
-    const auto c2 = p.a.counters();
-    EXPECT_GT(c2.sent, c1.sent + 20);
-    EXPECT_TRUE(p.a.path("b", 0)->alive);
-    EXPECT_TRUE(p.b.path("a", 0)->alive);
-    EXPECT_TRUE(p.a.source_path(s)->stats.alive);
+    p.a.pause_probing(t0 + 200'000'000, t0 + 200'000'000 + kLen, kEvery, 2);
+    p.b.pause_probing(t0 + 300'000'000, t0 + 300'000'000 + kLen, kEvery, 2);
+    EXPECT_EQ(p.a.probing_pause(), (ProbeEngine::Pause{t0 + 200'000'000, t0 + 200'000'000 + kLen, kEvery, 2}));
+    auto until = [&](int64_t t) { std::this_thread::sleep_for(std::chrono::nanoseconds(t0 + t - p.a.time().now())); };
+    for (int k = 0; k < 2; k++) {
+      until(k * kEvery + 400'000'000);
+      const auto c0 = p.a.counters(), b0 = p.b.counters();
+      until(k * kEvery + 1'300'000'000);  // inside both pauses
+      const auto c1 = p.a.counters(), b1 = p.b.counters();
+      EXPECT_EQ(c1.sent, c0.sent) << "pause " << k;
+      EXPECT_EQ(b1.sent, b0.sent) << "pause " << k;
+      // No spin for a send it will not make: the estimator's windows and
+      // housekeeping (5-6 in these 0.9 s; a spin is thousands).
+      EXPECT_LE(c1.wakeups - c0.wakeups, 12u);
+      EXPECT_TRUE(p.a.path("b", 0)->alive);
+      EXPECT_TRUE(p.b.path("a", 0)->alive);
+      EXPECT_TRUE(p.a.source_path(s)->stats.alive);
+      // Between the pauses and after the last one, past its margin:
+      // probing again and every path alive.
+      until(k * kEvery + 1'500'000'000 + ProbeEngine::kPauseMargin + 500'000'000);
+      const auto c2 = p.a.counters();
+      EXPECT_GT(c2.sent, c1.sent + 20) << "after pause " << k;
+      EXPECT_TRUE(p.a.path("b", 0)->alive);
+      EXPECT_TRUE(p.b.path("a", 0)->alive);
+      EXPECT_TRUE(p.a.source_path(s)->stats.alive);
+    }
+    // Not one liveness change on either end all along.
     std::lock_guard lk(mu);
     for (auto& e : ev) ADD_FAILURE() << e.peer << " path " << e.path << " source " << e.source_id << " alive " << e.alive;
     // A pause that ends before it starts cancels.
     p.a.pause_probing(5, 5);
-    EXPECT_EQ(p.a.probing_pause(), std::make_pair(int64_t{0}, int64_t{0}));
+    EXPECT_EQ(p.a.probing_pause(), ProbeEngine::Pause{});
+    // Periods that would leave no time to judge liveness between two
+    // pauses make one pause.
+    p.a.pause_probing(t0, t0 + 1'000'000'000, 2'000'000'000, 5);
+    EXPECT_EQ(p.a.probing_pause(), (ProbeEngine::Pause{t0, t0 + 1'000'000'000, 0, 1}));
   });
 }
 

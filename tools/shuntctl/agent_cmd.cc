@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "interpose/peer/control.h"
 
@@ -23,6 +24,7 @@ void print_status(std::ostream& out, const json& a) {
         << (m["exited"].get<bool>() ? "exited" : "running") << m["report_age_ms"].get<long>() << " ms ago\n";
 }
 
+
 void print_peers(std::ostream& out, const json& a) {
   if (a["peers"].empty()) {
     out << "no probe peers (set SHUNT_PROBE_ADDRS and SHUNT_PEERS)\n";
@@ -39,25 +41,62 @@ void print_peers(std::ostream& out, const json& a) {
           << path["fwd_loss"].get<double>() << "\n";
   }
 }
-}  // namespace
 
-int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
+// Sends `req` to the agent: its answer, or nullopt with *rc set and the
+// reason on stderr.
+std::optional<json> ask_agent(const json& req, int* rc) {
   const char* rd = getenv("SHUNT_RUN_DIR");
   std::string dir = peer::run_dir(rd ? rd : "");
   std::string err;
-  auto ans = peer::request(dir + "/agent.sock", {{"cmd", cmd}}, 3000, &err);
+  auto ans = peer::request(dir + "/agent.sock", req, 3000, &err);
   if (!ans) {
     std::cerr << "shuntctl: " << err << " (is a shunt job running on this host? SHUNT_RUN_DIR=" << dir << ")\n";
-    return 2;
+    *rc = 2;
+    return std::nullopt;
   }
   if (ans->contains("error")) {
     std::cerr << "shuntctl: " << (*ans)["error"].get<std::string>() << "\n";
-    return 1;
+    *rc = 1;
+    return std::nullopt;
   }
+  return ans;
+}
+}  // namespace
+
+int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
+  int rc = 0;
+  auto ans = ask_agent({{"cmd", cmd}}, &rc);
+  if (!ans) return rc;
   if (as_json) out << ans->dump(2) << "\n";
   else if (cmd == "status") print_status(out, *ans);
   else if (cmd == "peers") print_peers(out, *ans);
   else out << ans->dump(2) << "\n";
+  return 0;
+}
+
+int probing_command(std::ostream& out, const ProbingArgs& a, bool as_json) {
+  json req = {{"cmd", "probing"}};
+  if (a.resume) {
+    req["resume"] = true;
+  } else if (a.pause_ms > 0) {
+    req["pause_ms"] = a.pause_ms;
+    if (a.at_unix_ms > 0) req["at_unix_ms"] = a.at_unix_ms;
+    if (a.count > 1) req["count"] = a.count, req["every_ms"] = a.every_ms;
+  }
+  int rc = 0;
+  auto ans = ask_agent(req, &rc);
+  if (!ans) return rc;
+  const json& p = (*ans)["pause"];
+  if (as_json) out << ans->dump(2) << "\n";
+  else if (p.is_null()) out << "probing: no pause\n";
+  else
+    out << "probing paused from " << p["from_unix_ms"].get<int64_t>() << " to " << p["until_unix_ms"].get<int64_t>()
+        << " (unix ms)"
+        << (p["count"].get<int>() > 1 ? ", " + std::to_string(p["count"].get<int>()) + " times every " +
+                                            std::to_string(p["every_ms"].get<int64_t>()) + " ms"
+                                      : std::string())
+        << "; no path judged from " << p["margin_ms"].get<int64_t>() << " ms before to "
+        << p["margin_ms"].get<int64_t>() << " ms after a pause\n";
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // shuntctl commands answered by the host agent over its control socket.
 #pragma once
+#include <cstdint>
 #include <ostream>
 #include <string>
 
@@ -8,5 +9,17 @@ namespace shunt::ctl {
 // Sends `cmd` to the agent and prints the answer (plain or --json).
 // Returns the exit status: 0, 2 when no agent answers, 1 on a command error.
 int agent_command(std::ostream& out, const std::string& cmd, bool json);
+
+// `shuntctl probing`: pauses the host's probe engine for pause_ms (> 0)
+// from at_unix_ms (0: now), `count` times `every_ms` apart; ends the pauses
+// (resume); or shows the schedule in force. Same exit statuses.
+struct ProbingArgs {
+  int pause_ms = 0;
+  int64_t at_unix_ms = 0;
+  int64_t every_ms = 0;
+  int count = 1;
+  bool resume = false;
+};
+int probing_command(std::ostream& out, const ProbingArgs& a, bool json);
 
 }  // namespace shunt::ctl

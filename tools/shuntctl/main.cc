@@ -44,7 +44,19 @@ int main(int argc, char** argv) {
   top->add_flag("--json", live.json, "One JSON object per refresh");
   top->add_option("--interval", live.interval_ms, "Milliseconds between refreshes")->check(CLI::Range(10, 60000));
   top->add_option("-n,--iterations", live.iterations, "Stop after this many refreshes (0: never)");
+  shunt::ctl::ProbingArgs pa;
+  auto* probing = app.add_subcommand(
+      "probing", "Pause the host's probe engine (every host of the job at the same time, to price probing), or end a pause");
+  probing->add_option("--pause", pa.pause_ms, "Pause for this many ms")->check(CLI::Range(1, 600000));
+  probing->add_option("--at", pa.at_unix_ms, "From this wall-clock time (unix ms; default now)")->needs("--pause");
+  auto* every = probing->add_option("--every", pa.every_ms, "Pause again this many ms after each pause began")
+                    ->needs("--pause");
+  probing->add_option("--count", pa.count, "Pauses in all, with --every")->check(CLI::Range(2, 10000))->needs(every);
+  every->needs("--count");
+  probing->add_flag("--resume", pa.resume, "End the pauses now")->excludes("--pause");
+  probing->add_flag("--json", json, "JSON output");
   CLI11_PARSE(app, argc, argv);
+  if (probing->parsed()) return shunt::ctl::probing_command(std::cout, pa, json);
   if (paths->parsed()) return shunt::ctl::paths_command(std::cout, live);
   if (events->parsed()) return shunt::ctl::events_command(std::cout, live);
   if (top->parsed()) return shunt::ctl::top_command(std::cout, live);
