@@ -108,23 +108,31 @@ def threads(t0, t1):  # shunt's threads: share of the CPU, wakeups a second
         return None
     d = s[-1][0] - s[0][0]
     return (s[-1][1] - s[0][1]) / 1e9 / d, (s[-1][2] - s[0][2]) / d
-ratios, use = [], {"on": [], "paused": []}
+ratios, use, extra = [], {"on": [], "paused": []}, []
 for k in range(pause["count"]):
     t0 = (pause["from_unix_ms"] + k * pause["every_ms"]) / 1000
     t1 = t0 + (pause["until_unix_ms"] - pause["from_unix_ms"]) / 1000
     # Against the on windows on either side (a drift cancels).
     p, ref = rate(t0, t1), (rate(t0 - win, t0) + rate(t1, t1 + win)) / 2
     ratios.append(ref / p)
-    for key, span in (("paused", (t0, t1)), ("on", (t1, t1 + win))):
-        u = threads(*span)
-        if u:
-            use[key].append(u)
+    u = {key: threads(*span) for key, span in (("paused", (t0, t1)), ("on", (t1, t1 + win)))}
+    for key in u:
+        if u[key]:
+            use[key].append(u[key])
+    if u["on"] and u["paused"]:  # the engine's own: on less paused, pause by pause
+        extra.append((u["on"][0] - u["paused"][0], u["on"][1] - u["paused"][1]))
     print("  pause %d: on %.4f MB/s, paused %.4f MB/s, on / paused %.3f" % (k + 1, ref / 1e6, p / 1e6, ratios[-1]))
 m = st.mean(ratios)
 se = st.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
 print("sendrecv 1 MiB, one job, %d pauses of %d s: probing on / paused %.3fx +- %.3f (standard error); "
       "the probe engine costs %.1f%% +- %.1f of the throughput (target of the failover issue: <= 2%%)"
       % (len(ratios), win, m, se, 100 * (1 - m), 100 * se))
+def mean_se(xs):
+    return st.mean(xs), (st.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan"))
+if extra:
+    (c, ce), (w, we) = mean_se([x[0] for x in extra]), mean_se([x[1] for x in extra])
+    print("  the probe engine on h1: %.2f%% +- %.2f of the guest's CPU, %.1f +- %.1f wakeups a second"
+          % (100 * c, 100 * ce, w, we))
 for k in ("on", "paused"):
     if use[k]:
         print("  shunt's threads on h1, probing %s: %.2f%% of the guest's CPU, %.1f wakeups a second (means over windows)"
