@@ -288,6 +288,18 @@ json probing_command(const json& req) {
             {"margin_ms", margin_ms}}}};
 }
 
+// A command whose request is read with nlohmann's checked accessors: a
+// field of the wrong type is a malformed request.
+Handler guarded(json (*fn)(const json&)) {
+  return [fn](const json& r) {
+    try {
+      return fn(r);
+    } catch (const json::exception& e) {
+      return json{{"error", std::string("malformed request: ") + e.what()}};
+    }
+  };
+}
+
 void start_probe_engine() {
   const Config& c = config();
   if (c.str(Param::probe_addrs).empty()) return;  // no rails named: nothing to probe
@@ -317,35 +329,11 @@ void register_builtin_services() {
                         if (g_engine) g_engine->stop();
                       }});
     register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
-    register_command(
-        "bundle-paths",
-        [](const json& r) {
-          try {
-            return add_bundle_paths(r);
-          } catch (const json::exception& e) {
-            return json{{"error", std::string("malformed request: ") + e.what()}};
-          }
-        },
-        Access::control);
+    register_command("bundle-paths", guarded(add_bundle_paths), Access::control);
     register_command("bundle-paths-drop", drop_bundle_paths, Access::control);
-    register_command("route-hops", [](const json& r) {
-      try {
-        return route_hops(r);
-      } catch (const json::exception& e) {
-        return json{{"error", std::string("malformed request: ") + e.what()}};
-      }
-    });
+    register_command("route-hops", guarded(route_hops));
     register_command("bundle-paths-stats", bundle_paths_stats);
-    register_command(
-        "probing",
-        [](const json& r) {
-          try {
-            return probing_command(r);
-          } catch (const json::exception& e) {
-            return json{{"error", std::string("malformed request: ") + e.what()}};
-          }
-        },
-        Access::control);
+    register_command("probing", guarded(probing_command), Access::control);
     register_auto_peers([] { return g_engine; });
     register_service(sock::rail_service([] { return g_engine; }));
     telemetry::register_agent_services([] { return g_engine; });
