@@ -13,8 +13,8 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 

@@ -24,7 +24,6 @@ void print_status(std::ostream& out, const json& a) {
         << (m["exited"].get<bool>() ? "exited" : "running") << m["report_age_ms"].get<long>() << " ms ago\n";
 }
 
-
 void print_peers(std::ostream& out, const json& a) {
   if (a["peers"].empty()) {
     out << "no probe peers (set SHUNT_PROBE_ADDRS and SHUNT_PEERS)\n";
