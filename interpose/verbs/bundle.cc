@@ -323,6 +323,7 @@ struct Bundle {
   // last.
   bool carrier_steer = false;
   CarrierHold chold;
+  QueueEcho echo;  // each path's highest queue each way of late (deciding side)
   std::map<int, CarrierDir> peer_view;
   CarrierDir carrier_dir;  // our carrier's queue at the last steering round
   int64_t peer_view_ms = 0;
@@ -1554,6 +1555,10 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       v.own.same = !crouter.empty() && p.router == crouter && rail == crail;
       auto it = b->peer_view.find(i);
       if (fresh && it != b->peer_view.end()) v.peer = it->second;
+      if (decides) {
+        v.own.recent_ns = b->echo.note(now, i, 0, v.own);
+        v.peer.recent_ns = b->echo.note(now, i, 1, v.peer);
+      }
       p.queue_known = v.own.verdict >= 0;  // for the stats and `shuntctl paths`
       p.congested = v.own.verdict == 1;
       p.excess_ns = v.own.excess_ns;
@@ -1580,7 +1585,8 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
       if (target >= 0) {
         auto q = [&](const CarrierView& v) {
           return json{{"path", v.path}, {"queue_us", v.own.excess_ns / 1000}, {"own", carrier_congested(v.own) ? 1 : v.own.verdict},
-                      {"peer", carrier_congested(v.peer) ? 1 : v.peer.verdict}, {"peer_queue_us", v.peer.excess_ns / 1000}};
+                      {"peer", carrier_congested(v.peer) ? 1 : v.peer.verdict}, {"peer_queue_us", v.peer.excess_ns / 1000},
+                      {"recent_us", v.own.recent_ns / 1000}};
         };
         json o = json::array();
         for (const auto& v : others)
@@ -2503,6 +2509,7 @@ void event_moved(Bundle* b, int from, int to, const json& info, bool planned = f
                                        {"from_own", c.value("own", -1)},
                                        {"from_peer", c.value("peer", -1)},
                                        {"to_queue_us", t.value("queue_us", 0.0)},
+                                       {"to_recent_us", t.value("recent_us", -1.0)},
                                        {"to_peer", t.value("peer", -1)},
                                        {"hold_window_ms", why.value("hold_window_ms", 0)}});
     return;

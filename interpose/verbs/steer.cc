@@ -75,6 +75,11 @@ bool clears(const CarrierDir& t, const CarrierDir& c) {
          (t.verdict == 0 || (t.excess_ns * kCarrierClearRatio < c.excess_ns && t.excess_ns < clear_floor(t)));
 }
 
+// The target's queue rose with the carrier's (QueueEcho): the host's, not the spine's.
+bool echoes(const CarrierDir& t, const CarrierDir& c) {
+  return carrier_congested(c) && t.recent_ns >= kCarrierEchoShare * c.excess_ns;
+}
+
 bool no_worse(const CarrierDir& t, const CarrierDir& c) {
   if (t.same || t.verdict == 0) return true;
   if (t.verdict < 0) return c.verdict < 0;  // nothing known that way at all: no objection
@@ -91,6 +96,7 @@ int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& o
   for (const auto& o : others) {
     if (o.path == carrier.path || !o.usable) continue;
     if (!no_worse(o.own, carrier.own) || !no_worse(o.peer, carrier.peer)) continue;
+    if (echoes(o.own, carrier.own) || echoes(o.peer, carrier.peer)) continue;
     const int n = clears(o.own, carrier.own) + clears(o.peer, carrier.peer);
     if (n < best) continue;
     if (n > best) clear.clear(), best = n;
@@ -98,6 +104,15 @@ int carrier_target(const CarrierView& carrier, const std::vector<CarrierView>& o
   }
   if (clear.empty()) return -1;
   return clear[std::uniform_int_distribution<size_t>(0, clear.size() - 1)(rng)];
+}
+
+double QueueEcho::note(int64_t now_ms, int path, int dir, const CarrierDir& d) {
+  auto& q = seen_[{path, dir}];
+  if (d.verdict >= 0) q.emplace_back(now_ms, d.excess_ns);
+  while (!q.empty() && now_ms - q.front().first > kCarrierEchoMs) q.pop_front();
+  double top = -1;
+  for (const auto& [at, v] : q) top = std::max(top, v);
+  return top;
 }
 
 int CarrierHold::tick(int64_t now_ms, int target, std::mt19937& rng) {

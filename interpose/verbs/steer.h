@@ -3,7 +3,10 @@
 // Pure arithmetic over the shares, so it is tested without a fabric.
 #pragma once
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace shunt::verbs {
@@ -59,12 +62,15 @@ SteerResult steer_step(std::vector<SteerPath>& paths, double interval_ns, std::m
 // One direction of a path (one end's half): the probes' verdict on its
 // forward queue (-1 not known, 0 clear, 1 congested over the path's noise
 // threshold), the queue itself and that threshold, and whether the half
-// crosses the router the carrier's half in that direction crosses.
+// crosses the router the carrier's half in that direction crosses; and
+// the highest queue the half showed over the last kCarrierEchoMs (QueueEcho;
+// -1 not kept).
 struct CarrierDir {
   int verdict = -1;
   double excess_ns = 0;
   double threshold_ns = 0;
   bool same = false;
+  double recent_ns = -1;
 };
 
 struct CarrierView {
@@ -91,6 +97,13 @@ struct CarrierView {
 // - a path is no worse there when it is clear by its probes, on the
 //   carrier's router, under twice the carrier's queue or under that floor.
 //   A direction nothing is known of (the peer told nothing) does not object.
+// - a path is no target while, in a direction the carrier is congested,
+//   its queue rose to kCarrierEchoShare of the carrier's within the last
+//   kCarrierEchoMs: a queue that every path shows within a second or two
+//   is the host's (a guest whose CPU stalls delays every path's probes, in
+//   turn; fabric test 61 once moved at 25.7 ms against 2.6 before any
+//   fault, with every path at 14-25 ms within the same second), not the
+//   carrier's spine, where the other spine stays clear throughout.
 // The target must clear a congested direction and be no worse in either;
 // where both directions queue, a path that clears both wins over one that
 // clears one (fabric test 61 once moved to a path that cleared the peer's
@@ -102,6 +115,21 @@ constexpr double kCarrierQueueNoise = 10;
 constexpr double kCarrierClearRatio = 8;
 constexpr double kCarrierClearNoise = 3;
 constexpr double kCarrierClearFloorNs = 20e6;
+constexpr double kCarrierEchoShare = 0.5;
+constexpr int64_t kCarrierEchoMs = 3000;
+
+// The highest queue each path showed each way over the last kCarrierEchoMs,
+// fed every steering round (CarrierDir::recent_ns).
+class QueueEcho {
+ public:
+  // Notes `d`'s queue for `path` in direction `dir` (0 ours, 1 the peer's)
+  // at now_ms (nothing where its verdict is not known) and returns the
+  // highest noted in the window (-1 none).
+  double note(int64_t now_ms, int path, int dir, const CarrierDir& d);
+
+ private:
+  std::map<std::pair<int, int>, std::deque<std::pair<int64_t, double>>> seen_;
+};
 
 // The hold before a move: the carrier must stay congested with a clear
 // path for a random time in [kCarrierHoldMinMs, max) (so of two jobs that
@@ -113,7 +141,7 @@ constexpr double kCarrierClearFloorNs = 20e6;
 // After a move the bundle stays for at least kCarrierDwellMs: a move costs
 // a drain, and the queues need a few probe rounds to show where the work
 // went.
-constexpr int64_t kCarrierHoldMinMs = 500;
+constexpr int64_t kCarrierHoldMinMs = 1000;
 constexpr int64_t kCarrierHoldMaxMs = 4000;
 constexpr int64_t kCarrierHoldCapMs = 32000;
 constexpr int64_t kCarrierCalmMs = 30000;

@@ -348,6 +348,45 @@ TEST(CarrierSteer, MovesOnlyWhereItClearsACongestedDirectionAndWorsensNone) {
   EXPECT_EQ(carrier_target(c, o, rng), -1);
 }
 
+TEST(CarrierSteer, AQueueEveryPathShowedInTurnIsTheHostsNotTheSpines) {
+  std::mt19937 rng(5);
+  QueueEcho echo;
+  // A guest's CPU stalls before any fault (fabric test 61, queues in ms):
+  // the other spine's path 1 first, then every path, then the carrier
+  // alone, at 25.7 against path 1's 2.6.
+  const double rounds[][3] = {{2.1, 21.4, 13.8}, {10.8, 24.6, 24.2}, {25.7, 4.4, 2.6}};
+  CarrierView c;
+  std::vector<CarrierView> o;
+  int64_t t = 0;
+  auto round = [&](const double* q) {
+    c = view(-1, q[0], -1);
+    o = {view(0, q[1], -1), view(1, q[2], -1)};
+    for (auto& v : o) v.own.recent_ns = echo.note(t, v.path, 0, v.own), v.peer.recent_ns = echo.note(t, v.path, 1, v.peer);
+  };
+  for (const auto& q : rounds) round(q), t += 500;
+  EXPECT_NEAR(o[1].own.recent_ns, 24.2e6, 1);
+  EXPECT_EQ(o[1].peer.recent_ns, -1);  // nothing known that way
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
+  // Without what path 1 showed a second ago, it clears the carrier.
+  o[1].own.recent_ns = -1;
+  EXPECT_EQ(carrier_target(c, o, rng), 1);
+  // The spine fails later: the carrier and its spine's path 0 queue, path
+  // 1 stays clear, and the stall is out of the window.
+  const double fault[3] = {25, 20, 1};
+  for (t = 4000; t <= 6000; t += 250) round(fault);
+  EXPECT_NEAR(o[1].own.recent_ns, 1e6, 1);
+  EXPECT_EQ(carrier_target(c, o, rng), 1);
+  // The peer's direction too: path 1 showed the peer's queue rise with
+  // the carrier's, where the carrier is congested that way only.
+  c = view(-1, 1, 30);
+  o = {view(1, 1, 2)};
+  o[0].peer.recent_ns = echo.note(t, 1, 1, dir(16));
+  o[0].peer.recent_ns = echo.note(t + 250, 1, 1, o[0].peer);
+  EXPECT_EQ(carrier_target(c, o, rng), -1);
+  o[0].peer.recent_ns = echo.note(t + 3300, 1, 1, o[0].peer);
+  EXPECT_EQ(carrier_target(c, o, rng), 1);
+}
+
 TEST(CarrierSteer, APathThatClearsBothDirectionsWins) {
   std::mt19937 rng(4);
   // Both directions queue at the carrier; path 0 clears the peer's only
