@@ -55,7 +55,7 @@ EOF
   [ -n "$slow_spine" ] && break
 done
 [ -n "$slow_spine" ] || fail "h1's 8 shadows were not all seen on the spines"
-slow_to_third "l1r0-$slow_spine"
+slow_link "l1r0-$slow_spine"
 note "h1's uplink to $slow_spine limited to $limit Mbit/s (it carried $sent bytes in $(python3 -c "print(round($t1 - $t0, 1))") s)"
 # What `shuntctl paths` names over the next 18 s, every snapshot kept:
 # steering drains the slow spine's queue as it moves work off (the limit is

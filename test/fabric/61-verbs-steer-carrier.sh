@@ -6,9 +6,13 @@
 # failover's carrier move but counting no failure, when the host agents'
 # probes find the carrier's forward queue congested while another path's is
 # clear. Once the job runs, h1's leaf uplink to the spine its carrier
-# crosses is limited to a third of the rate it carries (1 s of tbf queue).
+# crosses is limited to a tenth of the rate it carries (1 s of tbf queue;
+# soft-RoCE's window-limited flow queues about 1/rate there: at a third
+# 14-38 ms, within reach of the 14-25 ms a stalled guest shows on every
+# path for a second).
 # Checked:
-# - no move before the fault (nothing queues then), a steer-carrier event
+# - no move before the fault (nothing queues then but a stalled guest,
+#   on every path), a steer-carrier event
 #   within 25 s of it, naming the old carrier congested and the new path
 #   clear, and no failover counted;
 # - within 25 s of it h1's traffic crosses the other spine (counters over
@@ -57,7 +61,7 @@ PY
 done
 [ -n "$slow_spine" ] || fail "h1's application QP was not seen on one spine"
 other=s1; [ "$slow_spine" = s1 ] && other=s2
-slow_to_third "l1r0-$slow_spine"
+slow_link "l1r0-$slow_spine" 10
 note "h1's uplink to $slow_spine (its carrier's) limited to $limit Mbit/s (it carried $sent bytes in $(python3 -c "print(round($t1 - $t0, 1))") s)"
 # Until h1's traffic crosses the other spine (3 s windows, 25 s at most):
 # a first move may clear the other direction only, and the next one comes
@@ -86,6 +90,7 @@ tmp, fault, on_slow, on_other = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
 for r in (0, 1):
     b = next(q["bundle"] for q in json.load(open(f"{tmp}/sc{r}.json"))["verbs"]["qps"] if q.get("bundle") and q["bundle"]["paths"])
     print(f"rank {r}: steer {b['steer']}, carrier {b['carrier']}, carrier steers {b['carrier_steers']}, failovers {b['failovers']}, moves {b['moves']}")
+    print(f"  at the end: {json.dumps(b.get('carrier_steering'))}")
     if b["steer"] != "queue-carrier":
         sys.exit(f"rank {r}: steering mode {b['steer']}")
     if b["failovers"]:
