@@ -109,4 +109,12 @@ std::string run_dir(const std::string& configured) {
   return usable_dir(t) ? t : "";
 }
 
+std::string agent_dir(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  struct stat st;
+  if (stat("/run/shunt/agent.sock", &st) == 0 && S_ISSOCK(st.st_mode)) return "/run/shunt";
+  if (access("/run/shunt", W_OK | X_OK) == 0) return "/run/shunt";
+  return "/tmp/shunt-" + std::to_string(getuid());
+}
+
 }  // namespace shunt::peer

@@ -25,4 +25,10 @@ bool write_all(int fd, const std::string& data, int timeout_ms);
 // else /tmp/shunt-UID); created if missing. Empty on failure.
 std::string run_dir(const std::string& configured);
 
+// Where a reader (shuntctl) finds the agent's socket: SHUNT_RUN_DIR as
+// given, else /run/shunt where an agent listens there or the caller could
+// have made one, else /tmp/shunt-UID. Nothing is created and the directory
+// need not be writable: the socket is open to every user.
+std::string agent_dir(const std::string& configured);
+
 }  // namespace shunt::peer

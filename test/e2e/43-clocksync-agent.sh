@@ -159,7 +159,10 @@ ctl 1 | grep -q "probing paused from $at" || fail "the schedule is not shown: $(
 # directory is out of its reach.)
 as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
 if command -v setpriv >/dev/null && as_nobody test -x "$CTL"; then
-  chmod 711 "$TMP"; chmod 1777 "$TMP/run1"  # shuntctl wants a run directory it may write
+  # The run directory stays the agent's (0755): reading needs no write
+  # access there, only the way in and the socket.
+  chmod 711 "$TMP"
+  [ "$(stat -c %a "$TMP/run1")" = 755 ] || fail "run directory mode $(stat -c %a "$TMP/run1")"
   nobody() { as_nobody env SHUNT_RUN_DIR="$TMP/run1" "$CTL" "$@" 2>&1; }
   out=$(nobody peers --json) || fail "another user cannot read the peers: $out"
   out=$(nobody probing --pause 1000) && fail "another user paused probing: $out"

@@ -45,7 +45,7 @@ void print_peers(std::ostream& out, const json& a) {
 // reason on stderr.
 std::optional<json> ask_agent(const json& req, int* rc) {
   const char* rd = getenv("SHUNT_RUN_DIR");
-  std::string dir = peer::run_dir(rd ? rd : "");
+  std::string dir = peer::agent_dir(rd ? rd : "");
   std::string err;
   auto ans = peer::request(dir + "/agent.sock", req, 3000, &err);
   if (!ans) {

@@ -26,7 +26,7 @@ using telemetry::HostView;
 
 std::optional<json> ask(bool quiet = false) {
   const char* rd = getenv("SHUNT_RUN_DIR");
-  std::string dir = peer::run_dir(rd ? rd : "");
+  std::string dir = peer::agent_dir(rd ? rd : "");
   std::string err;
   auto ans = peer::request(dir + "/agent.sock", {{"cmd", "telemetry"}}, 3000, &err);
   if (!ans && quiet) return std::nullopt;
