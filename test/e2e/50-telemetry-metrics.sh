@@ -29,8 +29,10 @@ print("%g" % sum(vals) if vals else "no sample")
 PY
 }
 
-# The first process is the agent; it lives through the test.
-LD_PRELOAD=$LIB "$B/test/hold_socket" 60000 & agent=$!
+# The first process is the agent; it lives through the test (as long as
+# its time limit: 60 s was once too short on a loaded host, and the last
+# scrapes found no agent).
+LD_PRELOAD=$LIB "$B/test/hold_socket" 130000 & agent=$!
 at_exit "kill $agent 2>/dev/null"
 for i in $(seq 50); do scrape > "$TMP/m0" 2>/dev/null && break; sleep 0.1; done
 grep -q '^shunt_build_info{version="' "$TMP/m0" || fail "no /metrics on port $mport"
