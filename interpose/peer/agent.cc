@@ -37,6 +37,14 @@ struct Client {
   std::string buf;
 };
 
+// When a process began reporting (monotonic ns): with its pid, which
+// process a report is from.
+int64_t born_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
 struct State {
   std::mutex mu;  // registration and start
   std::map<std::string, Handler> commands;
@@ -50,6 +58,12 @@ struct State {
   json members = json::object();
   std::vector<Client> clients;
   int64_t started_ms = 0;
+  // This process's reports: numbered, under the time it began reporting
+  // (a later process with the same pid has another), and none but the
+  // last once it exits.
+  std::atomic<uint64_t> report_seq{0};
+  int64_t born_ns = born_now();
+  std::atomic<bool> exiting{false};
 };
 State& st() {
   static State* s = new State;  // built on first use: see log.cc
@@ -98,9 +112,21 @@ json handle(State& s, const json& req, uid_t peer_uid) {
     if (!req.contains("pid") || !req["pid"].is_number_integer() || !req.contains("snapshot"))
       return {{"error", "report needs pid and snapshot"}};
     json snap = req["snapshot"];
+    const std::string pid = std::to_string(req["pid"].get<long>());
+    // A process's periodic report and its last one (at exit) travel on two
+    // connections and may be read in either order: one overtaken by a later
+    // report of the same process is dropped (else an exited process showed
+    // as running again, e2e test 50, one run in three on a slow host).
+    const uint64_t seq = req.value("seq", uint64_t{0});
+    const int64_t born = req.value("born", int64_t{0});
+    if (auto it = s.members.find(pid); seq && it != s.members.end() && it->value("born", int64_t{0}) == born &&
+                                       it->value("seq", uint64_t{0}) >= seq)
+      return {{"ok", true}, {"stale", true}};
     snap["reported_ms"] = mono_ms();
     snap["final"] = req.value("final", false);
-    stored(s, std::to_string(req["pid"].get<long>()), std::move(snap));
+    snap["seq"] = seq;
+    snap["born"] = born;
+    stored(s, pid, std::move(snap));
     return {{"ok", true}};
   }
   if (cmd == "status") {
@@ -181,7 +207,10 @@ void report(State& s, bool final) {
   // agent missed one in about five runs of e2e test 50 (a process counted
   // as running, its last bytes lost), none in ten at 1 s. An agent that is
   // gone costs nothing (the connect fails at once).
-  peer::request(s.sock_path, {{"cmd", "report"}, {"pid", getpid()}, {"final", final}, {"snapshot", snap}},
+  if (!final && s.exiting.load()) return;
+  peer::request(s.sock_path,
+                {{"cmd", "report"}, {"pid", getpid()}, {"final", final}, {"seq", ++s.report_seq},
+                 {"born", s.born_ns}, {"snapshot", snap}},
                 1000, &err);
 }
 
@@ -219,6 +248,7 @@ void at_exit_hook() {
   State& s = st();
   // The agent's own entry is kept by its thread; the others send a last one
   // so the agent's totals include everything they did.
+  s.exiting = true;
   if (s.started.load() && !s.is_agent.load()) report(s, true);
 }
 
@@ -231,6 +261,8 @@ void after_fork_child() {
   if (s.listen_fd >= 0) ::close(s.listen_fd);
   for (auto& c : s.clients) ::close(c.fd);
   s.clients.clear();
+  s.report_seq = 0;
+  s.born_ns = born_now();  // the child's reports are its own, under the parent's pid no more
   s.lock_fd = s.listen_fd = -1;
   s.is_agent.store(false);
   s.started.store(false);
