@@ -17,6 +17,7 @@
 
 #include "clocksync/engine.h"
 #include "interpose/core/log.h"
+#include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
@@ -31,12 +32,6 @@ using nlohmann::json;
 std::function<clocksync::ProbeEngine*()> g_engine_fn;
 std::atomic<bool> g_stop{false};
 int64_t g_started_ns = 0;
-
-int64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
 
 // Agent thread: the whole view, for the metrics thread and shuntctl.
 json telemetry_command(const json&) {

@@ -12,4 +12,10 @@ inline int64_t mono_ms() {
   return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+inline int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
 }  // namespace shunt

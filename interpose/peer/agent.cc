@@ -37,14 +37,6 @@ struct Client {
   std::string buf;
 };
 
-// When a process began reporting (monotonic ns): with its pid, which
-// process a report is from.
-int64_t born_now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
-
 struct State {
   std::mutex mu;  // registration and start
   std::map<std::string, Handler> commands;
@@ -62,7 +54,7 @@ struct State {
   // (a later process with the same pid has another), and none but the
   // last once it exits.
   std::atomic<uint64_t> report_seq{0};
-  int64_t born_ns = born_now();
+  int64_t born_ns = mono_ns();  // when this process began reporting
   std::atomic<bool> exiting{false};
 };
 State& st() {
@@ -195,6 +187,7 @@ void serve(State& s, int timeout_ms) {
 }
 
 void report(State& s, bool final) {
+  if (!final && s.exiting.load()) return;
   json snap = telemetry::stats_json();
   if (s.is_agent.load()) {
     snap["reported_ms"] = mono_ms();
@@ -207,7 +200,6 @@ void report(State& s, bool final) {
   // agent missed one in about five runs of e2e test 50 (a process counted
   // as running, its last bytes lost), none in ten at 1 s. An agent that is
   // gone costs nothing (the connect fails at once).
-  if (!final && s.exiting.load()) return;
   peer::request(s.sock_path,
                 {{"cmd", "report"}, {"pid", getpid()}, {"final", final}, {"seq", ++s.report_seq},
                  {"born", s.born_ns}, {"snapshot", snap}},
@@ -262,7 +254,7 @@ void after_fork_child() {
   for (auto& c : s.clients) ::close(c.fd);
   s.clients.clear();
   s.report_seq = 0;
-  s.born_ns = born_now();  // the child's reports are its own, under the parent's pid no more
+  s.born_ns = mono_ns();  // the child's reports are its own, under the parent's pid no more
   s.lock_fd = s.listen_fd = -1;
   s.is_agent.store(false);
   s.started.store(false);
