@@ -23,14 +23,23 @@ struct RankStats {
 
 // In duration mode rank 0 alone decides when to stop, so every rank runs
 // the same number of iterations. It also says how many iterations to run
-// before asking again (about every 20 ms), so the question costs a bootstrap
-// round trip per 20 ms rather than per iteration.
+// before asking again (about every kAskEveryS, and so that the last stride
+// ends at the deadline), so the question costs a bootstrap round trip per
+// half second rather than per iteration. The question is outside the timed
+// part, but it lines the ranks up: rank 0 starts the next iteration as it
+// answers, the others a one-way TCP delay later, and rank 0's iteration
+// waits for them. Asked every 20 ms, that was every iteration of a 1 MiB
+// sendrecv on soft-RoCE guests (75 ms each, a TCP delay of 1-4 ms there): a
+// few percent of every timed iteration was the bootstrap connection's
+// latency, and whatever slowed that connection (MPTCP subflows, a busy
+// guest) read as slower RDMA.
+constexpr double kAskEveryS = 0.5;
 uint64_t keep_going(Bootstrap& bs, double deadline, double per_iter_s, const std::string& stop_file) {
   uint64_t next = 0;
   if (bs.rank() == 0 && (stop_file.empty() || access(stop_file.c_str(), F_OK) != 0)) {
     double left = deadline - steady_now();
     if (left > 0) {
-      double stride = per_iter_s > 0 ? std::min(0.02, left) / per_iter_s : 1;
+      double stride = per_iter_s > 0 ? std::min(kAskEveryS, left) / per_iter_s : 1;
       next = static_cast<uint64_t>(std::clamp(stride, 1.0, 1000.0));
     }
   }
