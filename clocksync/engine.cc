@@ -544,9 +544,12 @@ int64_t ProbeEngine::next_due(int64_t now) const {
     // step is suspected (a step shows at once), else at the next send round
     // (a sample arriving after the end closes the window too): ending on
     // time woke the thread two more times a second of its eight.
+    // While paused nothing that counts arrives (arrivals are dropped), so
+    // a window's end waits for the pause's end too, a pending refit aside.
     const int64_t win = p->est.next_due();
     const bool rounds = probing && !q;
-    if (!rounds || win == std::numeric_limits<int64_t>::min() || !p->est.model().valid || p->est.step_suspected())
+    if (win == std::numeric_limits<int64_t>::min() ||
+        (!q && (!rounds || !p->est.model().valid || p->est.step_suspected())))
       due = std::min(due, win);
     if (fz) continue;
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_)));
@@ -555,7 +558,11 @@ int64_t ProbeEngine::next_due(int64_t now) const {
       if (sp->reflected) due = std::min(due, sp->last_rx + reflect_idle(cfg_) + 1);
     }
   }
-  if (!peers_.empty()) house = std::min(house, last_loop_ + kLoopEvery);
+  // The loop correction and the clock segment's update wait out a pause:
+  // the models do not change meanwhile and readers extrapolate them. A
+  // paused engine that woke 5-6 times a second for them priced in
+  // bench/probe-pause.sh as if those wakeups were free.
+  if (!peers_.empty() && !q) house = std::min(house, last_loop_ + kLoopEvery);
   for (auto& s : socks_)
     if (s->mode() == StampMode::hardware) house = std::min(house, last_phc_ + kPhcEvery);
   if (probing && !peers_.empty() && house < now + kMaxSleep) house += round;
