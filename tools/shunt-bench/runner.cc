@@ -29,10 +29,10 @@ struct RankStats {
 // part, but it lines the ranks up: rank 0 starts the next iteration as it
 // answers, the others a one-way TCP delay later, and rank 0's iteration
 // waits for them. Asked every 20 ms, that was every iteration of a 1 MiB
-// sendrecv on soft-RoCE guests (75 ms each, a TCP delay of 1-4 ms there): a
-// few percent of every timed iteration was the bootstrap connection's
-// latency, and whatever slowed that connection (MPTCP subflows, a busy
-// guest) read as slower RDMA.
+// sendrecv on soft-RoCE guests (75 ms each; the bootstrap connection's
+// round trip 1.4-4.4 ms there, by `ss`): a percent or more of every timed
+// iteration was that connection's latency, and whatever slowed it (MPTCP
+// subflows, a busy guest) read as slower RDMA.
 constexpr double kAskEveryS = 0.5;
 uint64_t keep_going(Bootstrap& bs, double deadline, double per_iter_s, const std::string& stop_file) {
   uint64_t next = 0;
