@@ -547,9 +547,8 @@ int64_t ProbeEngine::next_due(int64_t now) const {
     // While paused nothing that counts arrives (arrivals are dropped), so
     // a window's end waits for the pause's end too, a pending refit aside.
     const int64_t win = p->est.next_due();
-    const bool rounds = probing && !q;
     if (win == std::numeric_limits<int64_t>::min() ||
-        (!q && (!rounds || !p->est.model().valid || p->est.step_suspected())))
+        (!q && (!probing || !p->est.model().valid || p->est.step_suspected())))
       due = std::min(due, win);
     if (fz) continue;
     for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_)));
