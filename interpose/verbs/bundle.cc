@@ -206,12 +206,6 @@ struct Path {
   double prev_excess_ns = -1;  // the excess at the last steering step
 };
 
-inline int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 // The data path's lock: held for a few dozen instructions, never across a
 // call that can block; one locked instruction when uncontended.
 // Spins briefly, then yields: a holder preempted on a host with one CPU
@@ -1431,7 +1425,7 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
     }
     b->steer_owd = known >= 2;
     if (!b->steer_owd) return;
-    const int64_t t = now_ns();
+    const int64_t t = mono_ns();
     const double interval = b->last_steer_ns ? static_cast<double>(t - b->last_steer_ns)
                                              : static_cast<double>(config().num(Param::steer_interval_ms)) * 1e6;
     b->last_steer_ns = t;
@@ -1773,7 +1767,7 @@ bool bundle_drained(const Bundle* b) {
 void open_period(Bundle* b) {
   b->period_open = true;
   b->period_mode = -1;
-  b->period_start_ns = now_ns();
+  b->period_start_ns = mono_ns();
   b->period_bytes = 0;
 }
 
@@ -1782,7 +1776,7 @@ void open_period(Bundle* b) {
 void close_period(Bundle* b) {
   b->period_open = false;
   if (b->period_mode < 0 || b->period_bytes == 0) return;
-  const double x = static_cast<double>(now_ns() - b->period_start_ns) / static_cast<double>(b->period_bytes);
+  const double x = static_cast<double>(mono_ns() - b->period_start_ns) / static_cast<double>(b->period_bytes);
   double& a = b->auto_npb[b->period_mode];
   a = a > 0 ? 0.7 * a + 0.3 * x : x;
   b->auto_periods[b->period_mode]++;
@@ -1834,7 +1828,7 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
   const ibv_wr_opcode op = w->opcode;
   const uint64_t wr_id = w->wr_id;
-  if (starts) p.flow_start_ns = now_ns(), p.flow_bytes = 0;
+  if (starts) p.flow_start_ns = mono_ns(), p.flow_bytes = 0;
   if (b->period_open) b->period_bytes += len;
   p.posted++;
   Copy& cp = p.infl.push();
@@ -1850,7 +1844,7 @@ int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w)
   cp.seq = p.posted;
   if (!cp.posted && consumes(op)) cp.cseq = ++b->cseq;
   cp.posted = true;
-  if (sig) p.signaled.push() = {p.posted, cp.own ? kSeg : kApp, wr_id, cp.own ? now_ns() : 0};
+  if (sig) p.signaled.push() = {p.posted, cp.own ? kSeg : kApp, wr_id, cp.own ? mono_ns() : 0};
   p.last_signaled = sig;
   b->last = target;
   p.wrs++;
@@ -2420,7 +2414,7 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
       if (a != ips[0]) ips.push_back(a);
   }
   uint64_t rid = 0;
-  if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(now_ns());
+  if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(mono_ns());
   req["rid"] = rid & 0xffffffffffffull;
   const peer::Key key = peer::job_key_from(config().str(Param::job_key));
   int64_t deadline = mono_ms() + total_ms;
@@ -3954,14 +3948,14 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           if (p->renewed) p->renewed = false, after.up.push_back(pi);
         }
         if (kind == kSeg && wc[i].status == IBV_WC_SUCCESS) {  // how long the path took to carry it
-          double lat = static_cast<double>(now_ns() - p->signaled.front().t);
+          double lat = static_cast<double>(mono_ns() - p->signaled.front().t);
           p->seg_lat = p->seg_lat > 0 ? 0.8 * p->seg_lat + 0.2 * lat : lat;
         }
         p->done = p->signaled.front().seq;
         p->signaled.pop_front();
         while (!p->infl.empty() && p->infl.front().seq <= p->done) p->infl.pop_front();
         if (drained(*p) && p->flow_bytes > 0) {  // a flowlet ended: how fast did it drain?
-          double x = static_cast<double>(now_ns() - p->flow_start_ns) / static_cast<double>(p->flow_bytes);
+          double x = static_cast<double>(mono_ns() - p->flow_start_ns) / static_cast<double>(p->flow_bytes);
           p->ns_per_byte = p->ns_per_byte > 0 ? 0.75 * p->ns_per_byte + 0.25 * x : x;
           p->flow_bytes = 0;
         }
