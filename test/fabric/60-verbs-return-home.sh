@@ -11,7 +11,8 @@
 # s1 ~0.2%; with it 24-47% at 12 s, the spines' ICMP rate limit letting
 # about one shadow a second come home).
 # Checked too: #wrong 0, no error seen by the application, at least one
-# homecoming.
+# homecoming. A run that fails prints a timeline: the faults' times and
+# each side's events (SHUNT_EVENT_LOG), in seconds since the ranks started.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -23,22 +24,51 @@ pids=()
 for r in 1 0; do
   fab exec "h$((r + 1))" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=split \
     SHUNT_SPLIT_MIN_BYTES=65536 SHUNT_JOB_KEY="$KEY" SHUNT_PATHS_PER_RAIL=8 SHUNT_LOG_LEVEL=info \
-    SHUNT_STATS_FILE=/tmp/home$r.json "$BENCH" --rank $r --world 2 --bootstrap "$a1:29960" \
+    SHUNT_STATS_FILE=/tmp/home$r.json SHUNT_EVENT_LOG=/tmp/home$r.events "$BENCH" --rank $r --world 2 --bootstrap "$a1:29960" \
     --transport verbs -d rxe0 --verb write_imm -b 256K -e 256K --duration 50 -w 2 -c 1 --seg 256K \
     > "$TMP/home$r.out" 2>&1 &
   pids+=($!)
 done
+t_start=$(date +%s.%N)
+# timeline: on a failure, the faults and both sides' events, in seconds
+# since the ranks started (the guests' clocks are set from the host's).
+timeline() {
+  echo "--- timeline (s since the ranks started): black-hole $(awk "BEGIN { printf \"%.2f\", $t_bh - $t_start }"), heal $(awk "BEGIN { printf \"%.2f\", $t_heal - $t_start }")"
+  for r in 0 1; do
+    fab exec "h$((r + 1))" -- cat /tmp/home$r.events 2>/dev/null | python3 -c '
+import json, sys
+t0, who = float(sys.argv[1]), sys.argv[2]
+for line in sys.stdin:
+    try:
+        e = json.loads(line)
+    except ValueError:
+        continue
+    if e.get("event") == "config":
+        continue
+    rest = {k: v for k, v in e.items()
+            if k not in ("time", "wall_ns", "mono_ns", "event", "device", "host", "job", "pid", "rank")}
+    print("  %7.2f %s %s %s" % (e["wall_ns"] / 1e9 - t0, who, e.get("event", "?"), json.dumps(rest)[:140]))' "$t_start" "h$((r + 1))"
+  done | sort -n | tail -n 30
+}
+t_bh=0 t_heal=0
 sleep 10
 snap a0; sleep 4; snap a1
 echo "before: s1 $(delta a0 a1 l1r0-s1 up_bytes) B, s2 $(delta a0 a1 l1r0-s2 up_bytes) B (4 s)"
 fab fault blackhole l1r0-s1 >/dev/null || fail "blackhole"
+t_bh=$(date +%s.%N)
 note "l1r0-s1 black-holed"
 sleep 10
 fab fault blackhole --off l1r0-s1 >/dev/null || fail "unblackhole"
+t_heal=$(date +%s.%N)
 note "l1r0-s1 back"
 sleep 20
 snap b0; sleep 5; snap b1
-for p in "${pids[@]}"; do wait "$p" || { cat "$TMP/home0.out" "$TMP/home1.out"; fail "a rank failed"; }; done
+for p in "${pids[@]}"; do wait "$p" || {
+  grep -ah -v '^#' "$TMP/home0.out" "$TMP/home1.out" | grep -v 'shunt info: peer channel\|host agent\|metrics:'
+  grep -ah '^# Errors seen' "$TMP/home0.out" "$TMP/home1.out"
+  timeline
+  fail "a rank failed"
+}; done
 s1=$(delta b0 b1 l1r0-s1 up_bytes) s2=$(delta b0 b1 l1r0-s2 up_bytes)
 echo "after:  s1 $s1 B, s2 $s2 B (5 s, from 20 s after the link came back)"
 grep -h 'renewed on\|failed (' "$TMP/home0.out" | head -20

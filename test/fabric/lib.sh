@@ -17,6 +17,17 @@ fab() { "$FABRIC" --name "$NAME" "$@"; }
 
 cleanup() {
   rc=$?
+  # A failed test shows what its guests' kernels said (the console holds
+  # errors and worse: a soft lockup, a hung task, an rxe warning), before
+  # the fabric and its state go.
+  if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
+    local c
+    for c in "${SHUNT_FABRIC_STATE:-/run/shunt-fabric}/$NAME"/*.console; do
+      [ -s "$c" ] || continue
+      echo "--- ${c##*/}, the last lines after boot:"
+      grep -a -v '^\s*$' "$c" | tail -n 15 | sed 's/^/  /'
+    done
+  fi
   "$FABRIC" --name "$NAME" down >/dev/null 2>&1
   # SHUNT_TEST_KEEP=DIR keeps a failed test's files there for reading.
   [ "$rc" != 0 ] && [ -n "${SHUNT_TEST_KEEP:-}" ] && cp -r "$TMP" "$SHUNT_TEST_KEEP" 2>/dev/null
