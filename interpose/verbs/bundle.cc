@@ -3072,6 +3072,7 @@ void run_worker(Bundle* b) {
   clocksync::ClockReader counts;  // the agent's clock segment: its count of liveness changes
   bool counts_open = false;
   std::vector<int> reported, seen_down;
+  bool unreachable_logged = false;
   for (;;) {
     // Every 50 ms while something is to be done (a path down or on
     // probation, a move, queue steering); every 200 ms while the bundle is
@@ -3177,11 +3178,33 @@ void run_worker(Bundle* b) {
           carrier = b->carrier;
           b->need_move = false;
         }
+        // The peer may be out of reach as long as the paths are (its host's
+        // one link dark, say): this side holds its work and asks again each
+        // round, until SHUNT_HOLD_MS from the first ask, as the deciding
+        // side holds for a path to come back. A peer that answers no gives
+        // the application its errors at once.
+        if (!move_since) move_since = now;
         auto r = ask_peer(b,
                           {{"cmd", "carrier-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
                            {"carrier", carrier}, {"down", down_list(b)}},
-                          10000, &err);
-        if (!r || !r->value("ok", false)) give_up(b, "the peer's shim cannot be reached: " + (r ? r->dump() : err));
+                          static_cast<int>(std::clamp<int64_t>(move_since + hold - now, 1000, 10000)), &err);
+        if (r && r->value("ok", false)) {
+          move_since = 0;
+        } else if (r) {
+          give_up(b, "the peer's shim refused the move: " + r->dump());
+        } else if (mono_ms() - move_since >= hold) {
+          give_up(b, "the peer's shim cannot be reached within SHUNT_HOLD_MS (" + std::to_string(hold) +
+                         " ms): " + err);
+        } else {
+          if (!unreachable_logged)
+            log::warn("{} QP {}: the peer's shim cannot be reached ({}); holding the work, asking again", b->ctx->device,
+                      b->pqp->qp_num, err);
+          unreachable_logged = true;
+          std::lock_guard l(b->lk);
+          if (b->carrier == carrier) b->need_move = true;
+          else move_since = 0;  // the peer moved it meanwhile: nothing to ask
+        }
+        if (r) unreachable_logged = false;
       } else {
         // A steering move's old carrier is no failure: the deciding side
         // renews it with its own half.

@@ -8,6 +8,11 @@
 # The same with h1's port on rail 0 down for 6 s (carrier lost, as a pulled
 # cable): shunt learns it from the port's async event, fails every path at
 # once, and renews them as soon as the port is active again.
+# And with both of h1's rails dark for 15 s: neither side's shim can reach
+# the other's, for longer than one ask of the side that does not decide
+# (10 s; it gave up then, and the application got its errors); that side
+# holds its work and asks again until SHUNT_HOLD_MS, as the deciding side
+# holds for a path to come back.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -18,9 +23,10 @@ KEY=hold-$$
 # run TAG HOLD_MS OUTAGE_S(0: for good) [FAULT: blackhole (default) or port]:
 # rank exit codes in $TMP/TAG.rc
 run() {
-  local tag=$1 hold=$2 outage=$3 kind=${4:-blackhole} r pids=()
-  local down=(blackhole h1-r0) heal=(unblackhole h1-r0)
-  [ "$kind" = port ] && down=(port-down h1 r0) heal=(port-up h1 r0)
+  local tag=$1 hold=$2 outage=$3 kind=${4:-blackhole} r f pids=()
+  local down=("blackhole h1-r0") heal=("unblackhole h1-r0")
+  [ "$kind" = port ] && down=("port-down h1 r0") heal=("port-up h1 r0")
+  [ "$kind" = both ] && down=("blackhole h1-r0" "blackhole h1-r1") heal=("unblackhole h1-r0" "unblackhole h1-r1")
   for r in 1 0; do
     local extra=()
     [ $r = 0 ] && extra=(--ready-file /tmp/$tag.ready)
@@ -32,16 +38,16 @@ run() {
   done
   for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
   sleep 3
-  fab fault "${down[@]}" >/dev/null || fail "${down[*]}"
+  for f in "${down[@]}"; do fab fault $f >/dev/null || fail "$f"; done
   if [ "$outage" != 0 ]; then
     sleep "$outage"
-    fab fault "${heal[@]}" >/dev/null || fail "${heal[*]}"
+    for f in "${heal[@]}"; do fab fault $f >/dev/null || fail "$f"; done
   fi
   local rc=0 p t0=$SECONDS
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   echo "$tag: exit $rc after $((SECONDS - t0)) s more"
   echo $rc > "$TMP/$tag.rc"
-  fab fault "${heal[@]}" >/dev/null 2>&1
+  for f in "${heal[@]}"; do fab fault $f >/dev/null 2>&1; done
 }
 
 note "6 s outage of h1's rail 0, default hold"
@@ -62,6 +68,16 @@ awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/
   fail "port: #wrong is not 0"
 grep -q "its port went down: async event" "$TMP/port.rank0.out" ||
   { cat "$TMP/port.rank0.out"; fail "shunt did not act on the port's async event"; }
+
+note "both of h1's rails dark for 15 s (the shims cannot reach each other for longer than one ask), default hold"
+run dark 45000 15 both
+grep -h "cannot be reached\|no path" "$TMP"/dark.rank*.out | head -4
+[ "$(cat $TMP/dark.rc)" = 0 ] || { cat "$TMP/dark.rank0.out" "$TMP/dark.rank1.out"; fail "the job did not survive 15 s with both rails dark"; }
+grep -qE "^# Errors seen +: 0$" "$TMP/dark.rank0.out" || { cat "$TMP/dark.rank0.out"; fail "dark: errors seen"; }
+awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/dark.rank0.out" ||
+  fail "dark: #wrong is not 0"
+grep -q "the peer's shim cannot be reached (.*); holding the work" "$TMP"/dark.rank*.out ||
+  { cat "$TMP/dark.rank0.out" "$TMP/dark.rank1.out"; fail "dark: no side had to ask a peer out of reach (nothing was tested)"; }
 
 note "rail 0 down for good, SHUNT_HOLD_MS=2000, paths on rxe0 only (SHUNT_RAILS=own: nothing left to carry it)"
 RAILS=own run forever 2000 0
