@@ -3190,6 +3190,7 @@ void run_worker(Bundle* b) {
                           static_cast<int>(std::clamp<int64_t>(move_since + hold - now, 1000, 10000)), &err);
         if (r && r->value("ok", false)) {
           move_since = 0;
+          unreachable_logged = false;
         } else if (r) {
           give_up(b, "the peer's shim refused the move: " + r->dump());
         } else if (mono_ms() - move_since >= hold) {
@@ -3204,7 +3205,6 @@ void run_worker(Bundle* b) {
           if (b->carrier == carrier) b->need_move = true;
           else move_since = 0;  // the peer moved it meanwhile: nothing to ask
         }
-        if (r) unreachable_logged = false;
       } else {
         // A steering move's old carrier is no failure: the deciding side
         // renews it with its own half.

@@ -24,7 +24,7 @@ cleanup() {
     local c
     for c in "${SHUNT_FABRIC_STATE:-/run/shunt-fabric}/$NAME"/*.console; do
       [ -s "$c" ] || continue
-      echo "--- ${c##*/}, the last lines after boot:"
+      echo "--- ${c##*/}, its last lines:"
       grep -a -v '^\s*$' "$c" | tail -n 15 | sed 's/^/  /'
     done
   fi
