@@ -746,15 +746,16 @@ void ProbeEngine::send_due(int64_t now, bool deferred) {
   for (auto& p : peers_) {
     if (p->next_send > now) continue;
     // The rails go out together every `turn` rounds: rail_every, but no
-    // more than the peer has rails, so the clock estimate gets a pair a
-    // round on average. The thread wakes only for the rounds where
-    // something is due: every `step` rounds, the greatest common divisor of
-    // the cadences (2 with the defaults: rails every 2nd, source paths every
-    // 4th, spares every 10th). A path goes out in the round whose span of
-    // `step` rounds holds a multiple of its cadence.
+    // more than twice the peer's rails, so the clock estimate gets a pair
+    // every other round on average at least. The thread wakes only for the
+    // rounds where something is due: every `step` rounds, the greatest
+    // common divisor of the cadences (4 with the defaults: rails and source
+    // paths every 4th, spares every 12th; a peer with one rail, 2). A path
+    // goes out in the round whose span of `step` rounds holds a multiple of
+    // its cadence.
     int addressed = 0;
     for (auto& ps : p->paths) addressed += ps.remote.sin_addr.s_addr != 0;
-    const int turn = std::clamp(addressed, 1, rail_every(cfg_));
+    const int turn = std::clamp(2 * addressed, 1, rail_every(cfg_));
     int step = turn;
     for (auto& sp : p->sources)
       if (!sp->reflected) step = std::gcd(step, every_of(cfg_, *sp));

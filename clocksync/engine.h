@@ -65,9 +65,10 @@ struct EngineConfig {
   uint16_t port = 7471;
   int64_t interval_ns = 100'000'000;
   int64_t dead_ns = 250'000'000;
-  // A peer's rail paths go out together in every Nth round, or every Mth
-  // for a peer with M < N rails (one rail: every round), and are dead after
-  // N x dead_ns: the clock estimate still gets a pair a round on average.
+  // A peer's rail paths go out together in every Nth round, or every 2Mth
+  // for a peer with 2M < N rails (one rail: every second round), and are
+  // dead after N x dead_ns: the clock estimate still gets a pair every
+  // other round on average.
   int rail_every = 1;
   // Source paths are probed in every Nth round only, and declared dead after
   // N x dead_ns: they are most of the probes (a bundle has one per shadow).
