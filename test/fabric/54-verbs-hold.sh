@@ -69,15 +69,30 @@ awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/
 grep -q "its port went down: async event" "$TMP/port.rank0.out" ||
   { cat "$TMP/port.rank0.out"; fail "shunt did not act on the port's async event"; }
 
-note "both of h1's rails dark for 15 s (the shims cannot reach each other for longer than one ask), default hold"
-run dark 45000 15 both
-grep -h "cannot be reached\|no path" "$TMP"/dark.rank*.out | head -4
-[ "$(cat $TMP/dark.rc)" = 0 ] || { cat "$TMP/dark.rank0.out" "$TMP/dark.rank1.out"; fail "the job did not survive 15 s with both rails dark"; }
-grep -qE "^# Errors seen +: 0$" "$TMP/dark.rank0.out" || { cat "$TMP/dark.rank0.out"; fail "dark: errors seen"; }
-awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/dark.rank0.out" ||
-  fail "dark: #wrong is not 0"
-grep -q "the peer's shim cannot be reached (.*); holding the work" "$TMP"/dark.rank*.out ||
-  { cat "$TMP/dark.rank0.out" "$TMP/dark.rank1.out"; fail "dark: no side had to ask a peer out of reach (nothing was tested)"; }
+# h1 decides (the lower GID), so the case needs h2's carrier to fail in the
+# dark: by its QP's retries, which needs a send of h2's in flight at the
+# fault. When h2 had finished its part of the iteration and was waiting
+# for h1's (h1's sends alone failed; seen once in a clean-clone run), the
+# job survives by the deciding side's hold alone and nothing of the other
+# side's was tested: the fault is repeated in a new job, three tries at
+# most. Every try must survive with no error and nothing wrong.
+asked=0
+for try in 1 2 3; do
+  note "both of h1's rails dark for 15 s (the shims cannot reach each other for longer than one ask), default hold, try $try"
+  t=dark$try  # a tag of its own: the guest keeps the last try's ready file
+  run $t 45000 15 both
+  grep -h "cannot be reached\|no path" "$TMP"/$t.rank*.out | head -4
+  [ "$(cat $TMP/$t.rc)" = 0 ] || { cat "$TMP/$t.rank0.out" "$TMP/$t.rank1.out"; fail "the job did not survive 15 s with both rails dark"; }
+  grep -qE "^# Errors seen +: 0$" "$TMP/$t.rank0.out" || { cat "$TMP/$t.rank0.out"; fail "dark: errors seen"; }
+  awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/$t.rank0.out" ||
+    fail "dark: #wrong is not 0"
+  if grep -q "the peer's shim cannot be reached (.*); holding the work" "$TMP"/$t.rank*.out; then
+    asked=1
+    break
+  fi
+  echo "dark: h2 had no work in flight at the fault (no side had to ask a peer out of reach); again"
+done
+[ $asked = 1 ] || { cat "$TMP/$t.rank0.out" "$TMP/$t.rank1.out"; fail "dark: in three tries no side had to ask a peer out of reach (nothing was tested)"; }
 
 note "rail 0 down for good, SHUNT_HOLD_MS=2000, paths on rxe0 only (SHUNT_RAILS=own: nothing left to carry it)"
 RAILS=own run forever 2000 0
