@@ -50,22 +50,25 @@ run() {
   for f in "${heal[@]}"; do fab fault $f >/dev/null 2>&1; done
 }
 
+# survived TAG WHAT: the run TAG ended with exit 0, no error seen by the
+# application and #wrong 0 in every size's row.
+survived() {
+  [ "$(cat "$TMP/$1.rc")" = 0 ] || { cat "$TMP/$1.rank0.out" "$TMP/$1.rank1.out"; fail "the job did not survive $2"; }
+  grep -qE "^# Errors seen +: 0$" "$TMP/$1.rank0.out" || { cat "$TMP/$1.rank0.out"; fail "$1: errors seen"; }
+  awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/$1.rank0.out" ||
+    fail "$1: #wrong is not 0"
+}
+
 note "6 s outage of h1's rail 0, default hold"
 run outage 45000 6
 grep -hE "moved|no path" "$TMP"/outage.rank*.out | head -6
-[ "$(cat $TMP/outage.rc)" = 0 ] || { cat "$TMP/outage.rank0.out"; fail "the job did not survive the outage"; }
-grep -qE "^# Errors seen +: 0$" "$TMP/outage.rank0.out" || { cat "$TMP/outage.rank0.out"; fail "errors seen"; }
-awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/outage.rank0.out" ||
-  fail "#wrong is not 0"
+survived outage "the outage"
 grep -q "moved" "$TMP/outage.rank0.out" || fail "the application's QP never failed over (the fault missed it?)"
 
 note "h1's port on rail 0 down for 6 s, default hold"
 run port 45000 6 port
 grep -hE "went down|PORT_ACTIVE|port active|moved|no path" "$TMP"/port.rank*.out | head -8
-[ "$(cat $TMP/port.rc)" = 0 ] || { cat "$TMP/port.rank0.out"; fail "the job did not survive the port going down"; }
-grep -qE "^# Errors seen +: 0$" "$TMP/port.rank0.out" || { cat "$TMP/port.rank0.out"; fail "port: errors seen"; }
-awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/port.rank0.out" ||
-  fail "port: #wrong is not 0"
+survived port "the port going down"
 grep -q "its port went down: async event" "$TMP/port.rank0.out" ||
   { cat "$TMP/port.rank0.out"; fail "shunt did not act on the port's async event"; }
 
@@ -82,10 +85,7 @@ for try in 1 2 3; do
   t=dark$try  # a tag of its own: the guest keeps the last try's ready file
   run $t 45000 15 both
   grep -h "cannot be reached\|no path" "$TMP"/$t.rank*.out | head -4
-  [ "$(cat $TMP/$t.rc)" = 0 ] || { cat "$TMP/$t.rank0.out" "$TMP/$t.rank1.out"; fail "the job did not survive 15 s with both rails dark"; }
-  grep -qE "^# Errors seen +: 0$" "$TMP/$t.rank0.out" || { cat "$TMP/$t.rank0.out"; fail "dark: errors seen"; }
-  awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/$t.rank0.out" ||
-    fail "dark: #wrong is not 0"
+  survived $t "15 s with both rails dark"
   if grep -q "the peer's shim cannot be reached (.*); holding the work" "$TMP"/$t.rank*.out; then
     asked=1
     break
