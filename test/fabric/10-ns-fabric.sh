@@ -29,7 +29,7 @@ l.bind(("10.0.2.2", 5001)); l.listen(1)
 c, _ = l.accept()
 while c.recv(1 << 16): pass' &
   local srv=$!
-  wait_port h2 5001 5
+  wait_port h2 5001 "" 5
   fab exec h1 -- python3 - "$1" <<'EOF'
 import socket, sys, time
 s = socket.create_connection(("10.0.2.2", 5001))

@@ -30,7 +30,7 @@ write_bw() {
   local dst; dst=$(fab addr h2 r$r)
   gexec h2 ib_write_bw -d rxe$r -F -x "$gid" "$@" > "$TMP/srv" 2>&1 &
   local srv=$!
-  wait_port h2 18515 30 "$TMP/srv"
+  wait_port h2 18515 "$TMP/srv"
   gexec h1 ib_write_bw -d rxe$r -F -x "$gid" "$@" "$dst" > "$out" 2>&1
   local rc=$?
   wait $srv || rc=1
@@ -74,7 +74,7 @@ done
 note "ibv_rc_pingpong"
 gexec h2 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 > "$TMP/pp_srv" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/pp_srv"
+wait_port h2 18515 "$TMP/pp_srv"
 gexec h1 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$(fab addr h2 r0)" > "$TMP/pp" 2>&1 ||
   { cat "$TMP/pp"; fail "ibv_rc_pingpong client"; }
 wait $srv || { cat "$TMP/pp_srv"; fail "ibv_rc_pingpong server"; }
@@ -83,7 +83,7 @@ grep 'iters in' "$TMP/pp"
 note "fi_pingpong over libfabric's verbs provider"
 gexec h2 fi_pingpong -p verbs -e msg -I 100 -S 4096 > "$TMP/fi_srv" 2>&1 &
 srv=$!
-wait_port h2 47592 30 "$TMP/fi_srv"
+wait_port h2 47592 "$TMP/fi_srv"
 gexec h1 fi_pingpong -p verbs -e msg -I 100 -S 4096 "$(fab addr h2 r0)" > "$TMP/fi" 2>&1 ||
   { cat "$TMP/fi" "$TMP/fi_srv"; fail "fi_pingpong client"; }
 wait $srv || { cat "$TMP/fi_srv"; fail "fi_pingpong server"; }

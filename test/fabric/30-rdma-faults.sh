@@ -16,7 +16,7 @@ flow_start() {
   "$FABRIC" --name "$NAME" exec h2 -- timeout 300 ib_write_bw -d rxe0 -x "$gid" \
     --run_infinitely -D 1 -F > "$TMP/flow_srv" 2>&1 &
   flow_srv=$!
-  wait_port h2 18515 30 "$TMP/flow_srv"
+  wait_port h2 18515 "$TMP/flow_srv"
   "$FABRIC" --name "$NAME" exec h1 -- timeout 300 ib_write_bw -d rxe0 -x "$gid" \
     --run_infinitely -D 1 -F "$dst" > "$TMP/flow_cli" 2>&1 &
   flow_cli=$!
@@ -107,7 +107,7 @@ fab fault flap h1-r0 --period 400 --count 3 || fail "flap"
 note "baseline: unmodified ib_write_bw, RC retry_cnt 7 (perftest default), host link down 12 s"
 "$FABRIC" --name "$NAME" exec h2 -- timeout 120 ib_write_bw -d rxe0 -x "$gid" -n 1500 > "$TMP/b_srv" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/b_srv"
+wait_port h2 18515 "$TMP/b_srv"
 t0=$(date +%s.%N)
 "$FABRIC" --name "$NAME" exec h1 -- timeout 120 ib_write_bw -d rxe0 -x "$gid" -n 1500 "$dst" > "$TMP/b_cli" 2>&1 &
 cli=$!
@@ -128,7 +128,7 @@ grep -E '^ *65536|Failed' "$TMP/b_cli"
 note "baseline: ib_write_bw over rdma_cm with --retry_count=3, host link down"
 "$FABRIC" --name "$NAME" exec h2 -- timeout 60 ib_write_bw -R -d rxe0 -n 100000 > "$TMP/r_srv" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/r_srv"
+wait_port h2 18515 "$TMP/r_srv"
 "$FABRIC" --name "$NAME" exec h1 -- timeout 60 ib_write_bw -R --retry_count=3 -d rxe0 -n 100000 "$dst" > "$TMP/r_cli" 2>&1 &
 cli=$!
 sleep 3

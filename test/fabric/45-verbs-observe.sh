@@ -54,7 +54,7 @@ perftest() {
   note "$tool, 1000 x 64 KiB"
   run "$name-srv" h2 "$tool" -d rxe0 -F -x "$gid" -n 1000 > "$TMP/srv.out" 2>&1 &
   local srv=$!
-  wait_port h2 18515 30 "$TMP/srv.out"
+  wait_port h2 18515 "$TMP/srv.out"
   run "$name-cli" h1 "$tool" -d rxe0 -F -x "$gid" -n 1000 "$dst" > "$TMP/cli.out" 2>&1 ||
     fail "$tool failed under the preload: $(cat "$TMP/cli.out")"
   wait $srv || fail "$tool server failed: $(cat "$TMP/srv.out")"

@@ -39,7 +39,7 @@ py() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); rc=[q for q 
 note "ib_write_bw, 1500 x 64 KiB"
 run wbw-srv h2 ib_write_bw -d rxe0 -F -x "$gid" -n 1500 > "$TMP/srv.out" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/srv.out"
+wait_port h2 18515 "$TMP/srv.out"
 run wbw-cli h1 ib_write_bw -d rxe0 -F -x "$gid" -n 1500 "$dst" > "$TMP/cli.out" 2>&1 ||
   { cat "$TMP/cli.out"; fail "ib_write_bw failed under active shunt"; }
 wait $srv || { rc=$?; cat "$TMP/srv.out"; fail "ib_write_bw server failed (exit $rc)"; }
@@ -153,7 +153,7 @@ perftest() {
   note "$tool, 800 x 64 KiB"
   run "$name-srv" h2 "$tool" -d rxe0 -F -x "$gid" -n 800 > "$TMP/srv.out" 2>&1 &
   local srv=$!
-  wait_port h2 18515 30 "$TMP/srv.out"
+  wait_port h2 18515 "$TMP/srv.out"
   run "$name-cli" h1 "$tool" -d rxe0 -F -x "$gid" -n 800 "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "$tool failed under active shunt"; }
   wait $srv || { rc=$?; cat "$TMP/srv.out"; fail "$tool server failed (exit $rc)"; }
@@ -170,7 +170,7 @@ perftest sbw ib_send_bw
 note "fi_pingpong (libfabric verbs, rdma_cm) under active shunt"
 run fi-srv h2 fi_pingpong -p verbs -e msg -I 200 -S 4096 > "$TMP/fi_srv" 2>&1 &
 srv=$!
-wait_port h2 47592 30 "$TMP/fi_srv"
+wait_port h2 47592 "$TMP/fi_srv"
 run fi-cli h1 fi_pingpong -p verbs -e msg -I 200 -S 4096 "$dst" > "$TMP/fi" 2>&1 ||
   { cat "$TMP/fi" "$TMP/fi_srv"; fail "fi_pingpong client under active shunt"; }
 wait $srv || { cat "$TMP/fi_srv"; fail "fi_pingpong server under active shunt"; }
@@ -183,7 +183,7 @@ grep -qE "^4k +200 " "$TMP/fi" || { cat "$TMP/fi"; fail "no fi_pingpong result l
 note "ib_write_bw -R (rdma_cm): every CQ holds a completion of each QP on it"
 run cm-srv h2 ib_write_bw -R -d rxe0 -F -D 8 > "$TMP/cm_srv" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/cm_srv"
+wait_port h2 18515 "$TMP/cm_srv"
 run cm-cli h1 ib_write_bw -R -d rxe0 -F -D 8 "$dst" > "$TMP/cm" 2>&1 &
 cli=$!
 sleep 5
@@ -201,7 +201,7 @@ note "a peer without shunt: primary-only, and the program works"
 # and its state was still "asking the peer").
 gexec h2 ib_write_bw -d rxe0 -F -x "$gid" -D 4 > "$TMP/srv.out" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/srv.out"
+wait_port h2 18515 "$TMP/srv.out"
 run plain-cli h1 SHUNT_BUNDLE_SETUP_MS=1500 ib_write_bw -d rxe0 -F -x "$gid" -D 4 "$dst" > "$TMP/cli.out" 2>&1 ||
   { cat "$TMP/cli.out"; fail "ib_write_bw against a peer without shunt"; }
 wait $srv || fail "plain server failed"
@@ -218,7 +218,7 @@ note "shadow creation refused: fewer paths, or none, and the program works"
 limit() {
   run "lim-srv" h2 SHUNT_TEST_SHADOW_LIMIT="$2" ib_write_bw -d rxe0 -F -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
   local srv=$!
-  wait_port h2 18515 30 "$TMP/srv.out"
+  wait_port h2 18515 "$TMP/srv.out"
   run "lim-cli" h1 SHUNT_TEST_SHADOW_LIMIT="$1" ib_write_bw -d rxe0 -F -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "ib_write_bw with shadow creation failing"; }
   wait $srv || { cat "$TMP/srv.out"; fail "server with shadow creation failing"; }
@@ -244,7 +244,7 @@ nokey() {
 }
 nokey h2 nokey-srv > "$TMP/srv.out" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/srv.out"
+wait_port h2 18515 "$TMP/srv.out"
 nokey h1 nokey-cli "$dst" > "$TMP/cli.out" 2>&1 || { cat "$TMP/cli.out"; fail "ib_write_bw without a key"; }
 wait $srv || fail "server without a key failed"
 stats h1 nokey-cli

@@ -118,7 +118,7 @@ gid=$(fab gid h1 rxe0)
 pp_env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_LOG_LEVEL=info SHUNT_PATHS_PER_RAIL=1)
 fab exec h2 -- timeout 120 "${pp_env[@]}" ibv_rc_pingpong -d rxe0 -g "$gid" -e -n 10000 -s 4096 > "$TMP/ppe.srv" 2>&1 &
 srv=$!
-wait_port h2 18515 30 "$TMP/ppe.srv"
+wait_port h2 18515 "$TMP/ppe.srv"
 fab exec h1 -- timeout 120 "${pp_env[@]}" ibv_rc_pingpong -d rxe0 -g "$gid" -e -n 10000 -s 4096 "$(fab addr h2 r0)" \
   > "$TMP/ppe.cli" 2>&1 &
 cli=$!

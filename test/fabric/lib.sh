@@ -78,17 +78,17 @@ EOF
 # gexec HOST CMD...: a command on a guest, bounded in time
 gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
 
-# wait_port HOST PORT [SECONDS] [LOG]: until something listens there (TCP
+# wait_port HOST PORT [LOG] [SECONDS]: until something listens there (TCP
 # or rdma_cm), at most SECONDS (30). A failure shows the server's output
 # so far (LOG, the file the caller sends it to) and what runs and listens
 # on HOST: a server that exited, one still starting and one that never
 # started read differently.
 wait_port() {
-  fab wait-port --timeout "${3:-30}" "$1" "$2" && return 0
-  echo "--- nothing listens on $1:$2 after ${3:-30} s"
-  if [ -n "${4:-}" ]; then
-    echo "--- the server's output (${4##*/}):"
-    tail -n 30 "$4"
+  fab wait-port --timeout "${4:-30}" "$1" "$2" && return 0
+  echo "--- nothing listens on $1:$2 after ${4:-30} s"
+  if [ -n "${3:-}" ]; then
+    echo "--- the server's output (${3##*/}):"
+    tail -n 30 "$3"
   fi
   echo "--- $1's processes and TCP listeners:"
   fab exec "$1" -- timeout 10 sh -c 'ps -eo pid,ppid,stat,etime,wchan:24,args; ss -ltnp' 2>&1 |
@@ -107,7 +107,7 @@ pingpong_pair() {
   local name=$1; shift
   run "$name-srv" h2 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" > "$TMP/srv.out" 2>&1 &
   local srv=$!
-  wait_port h2 18515 30 "$TMP/srv.out"
+  wait_port h2 18515 "$TMP/srv.out"
   run "$name-cli" h1 ibv_rc_pingpong -d rxe0 -g "$gid" -n 200 "$@" "$dst" > "$TMP/cli.out" 2>&1 ||
     { cat "$TMP/cli.out"; fail "ibv_rc_pingpong $* failed"; }
   wait $srv || { cat "$TMP/srv.out"; fail "ibv_rc_pingpong server failed"; }
