@@ -79,20 +79,15 @@ EOF
 gexec() { local h=$1; shift; fab exec "$h" -- timeout 120 "$@"; }
 
 # wait_port HOST PORT [LOG] [SECONDS]: until something listens there (TCP
-# or rdma_cm), at most SECONDS (30). A failure shows the server's output
-# so far (LOG, the file the caller sends it to) and what runs and listens
-# on HOST: a server that exited, one still starting and one that never
-# started read differently.
+# or rdma_cm), at most SECONDS (30). A failure shows what runs and listens
+# on HOST (shunt-fabric wait-port) and the server's output so far (LOG,
+# the file the caller sends it to).
 wait_port() {
-  fab wait-port --timeout "${4:-30}" "$1" "$2" && return 0
-  echo "--- nothing listens on $1:$2 after ${4:-30} s"
+  fab wait-port --timeout "${4:-30}" "$1" "$2" 2>&1 && return 0
   if [ -n "${3:-}" ]; then
     echo "--- the server's output (${3##*/}):"
     tail -n 30 "$3"
   fi
-  echo "--- $1's processes and TCP listeners:"
-  fab exec "$1" -- timeout 10 sh -c 'ps -eo pid,ppid,stat,etime,wchan:24,args; ss -ltnp' 2>&1 |
-    grep -v ' \[.*\]$' | cut -c 1-200 | tail -n 40
   fail "nothing listens on $1:$2"
 }
 
