@@ -15,6 +15,20 @@ for h in h1 h2; do
     echo "$out" | grep -q "rxe$r/1 state ACTIVE .*netdev r$r" || fail "$h has no active rxe$r on r$r"
   done
 done
+note "guests: full preemption, permanent neighbours on both sides of every tap"
+# Without them rxe's send loop in ibv_post_send could hold a guest's one CPU
+# while the ARP reply it waited for sat in a starved softirq (docs/fabric.md).
+for h in h1 h2; do
+  gexec $h cat /proc/cmdline | grep -qw 'preempt=full' || fail "$h: no preempt=full on the kernel command line"
+  gexec $h dmesg | grep -q 'Dynamic Preempt: full' || fail "$h: the kernel does not preempt fully"
+  for r in 0 1; do
+    gw=$(fab addr $h r$r | sed 's/\.2$/.1/')
+    gexec $h ip neigh show "$gw" dev r$r | grep -q PERMANENT || fail "$h r$r: the neighbour $gw is not permanent"
+    ip -n "sf-$NAME-l${h#h}r$r" neigh show "$(fab addr $h r$r)" dev $h | grep -q PERMANENT ||
+      fail "leaf l${h#h}r$r: the neighbour $(fab addr $h r$r) is not permanent"
+  done
+done
+
 gid=$(fab gid h1 rxe0) || fail "no IPv4 GID on h1 rxe0"
 echo "IPv4 RoCEv2 GID index: $gid"
 
