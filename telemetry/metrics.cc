@@ -49,6 +49,8 @@ void declare(Exposition& x) {
   x.family("shunt_build_info", "gauge", "Always 1; the shunt version of the host agent in the version label.");
   x.family("shunt_agent_uptime_seconds", "gauge", "Seconds since this process became the host agent.");
   x.family("shunt_processes", "gauge", "Shunt processes known to the host agent, by state (running, exited).");
+  x.family("shunt_process_mode", "gauge",
+           "1 for each process known to the host agent, by its mode (off: shunt turned itself off there, e.g. over a bad setting; shuntctl status says why).");
   x.family("shunt_verbs_calls_total", "counter", "Calls of each interposed verbs entry point.");
   x.family("shunt_qps", "gauge", "Queue pairs seen, by state (live, destroyed).");
   x.family("shunt_qp_tx_bytes_total", "counter", "Bytes posted in send WRs of a QP (sum of SGE lengths).");
@@ -116,6 +118,7 @@ using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  /
 
 void member_samples(Exposition& x, const std::string& pid, const json& m, SocketCounts* sockets) {
   Labels p = proc_labels(pid, m);
+  x.add("shunt_process_mode", with(p, {{"mode", str(m, "mode")}}), 1);
   if (m.contains("verbs")) {
     const json& v = m["verbs"];
     if (v.contains("calls"))

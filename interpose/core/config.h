@@ -11,10 +11,15 @@
 namespace shunt {
 
 enum class ParamKind { Enum, Int, Str };
+// What a bad value does (params.def): a Data variable decides what happens to
+// the job's data, so shunt turns off; a Report one only what shunt logs and
+// reports, so the value is ignored with a warning.
+enum class ParamScope { Data, Report };
 
 struct ParamSpec {
   const char* name;
   ParamKind kind;
+  ParamScope scope;
   const char* def;
   long long min, max;
   const char* choices;  // "a|b|c" for Enum
@@ -22,7 +27,7 @@ struct ParamSpec {
 };
 
 enum class Param : int {
-#define SHUNT_PARAM(id, name, kind, def, min, max, choices, help) id,
+#define SHUNT_PARAM(id, name, kind, scope, def, min, max, choices, help) id,
 #include "interpose/core/params.def"
 #undef SHUNT_PARAM
   count_
@@ -31,10 +36,23 @@ constexpr int kParamCount = static_cast<int>(Param::count_);
 
 std::span<const ParamSpec> param_specs();
 const ParamSpec& spec(Param p);
-// Index of `value` among an Enum's choices, or -1.
+// Index of `value` among an Enum's choices in any case (for on|off also
+// 1/0, true/false, yes/no), or -1.
 int choice_index(const ParamSpec& s, std::string_view value);
 // "a, b or c" for messages.
 std::string describe_allowed(const ParamSpec& s);
+// A decimal integer: optional sign, digits only (leading zeros are decimal).
+// False for anything else; *overflow tells a number too large for long long.
+bool parse_decimal(std::string_view text, long long* out, bool* overflow);
+// `text` fit for one line of a message: control bytes escaped (\n, \xNN),
+// cut to `max` bytes with its full length noted ("... (N bytes)").
+std::string printable(std::string_view text, size_t max = 100);
+// The same in single quotes, the note after them: how messages echo a value.
+std::string quote(std::string_view text, size_t max = 100);
+
+// The config file: read only when it is a regular file of at most this many
+// bytes, without blocking (a FIFO or a device is refused, not read).
+constexpr size_t kMaxConfFileBytes = 64 * 1024;
 
 enum class Mode { off, observe, active };
 enum class LogLevel { trace, debug, info, warn, error, off };
@@ -66,8 +84,11 @@ using Getenv = std::function<const char*(const char*)>;
 
 // Builds the configuration: defaults, then the config file (SHUNT_CONF_FILE
 // from the environment, else the default path; a missing default file is no
-// error), then the environment. Any bad value is reported in `errors` and
-// forces mode off. Unknown SHUNT_* names in the environment are `warnings`.
+// error), then the environment; an empty word or number is unset. A bad value
+// of a Data variable, a bad line, or a config file that is not a regular file
+// of at most kMaxConfFileBytes is reported in `errors` and forces mode off; a
+// bad value of a Report variable is ignored and reported in `warnings`, as
+// are unknown SHUNT_* names.
 Config load_config(const Getenv& getenv_fn, std::vector<ConfigError>* errors,
                    std::vector<std::string>* warnings, char** environ_list);
 

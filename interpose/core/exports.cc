@@ -2,11 +2,13 @@
 // archive that tools and unit tests link): resolve and parse config, nothing
 // else; threads, devices and sockets start lazily on first use.
 #include "interpose/core/runtime.h"
+#include "telemetry/off_report.h"
 #include "telemetry/stats_file.h"
 
 namespace {
 __attribute__((constructor)) void shunt_constructor() {
   shunt::ensure_init();
   shunt::telemetry::install_stats_file();
+  shunt::telemetry::report_off_process();
 }
 }  // namespace

@@ -13,6 +13,8 @@ namespace shunt::log {
 std::atomic<int> g_level{static_cast<int>(LogLevel::warn)};
 
 namespace {
+constexpr size_t kMaxLineBytes = 4096;
+
 // Logging may be used before this file's static initializers have run (the
 // library constructor, or a wrapper called from another library's
 // constructor), so its state is built on first use.
@@ -69,10 +71,12 @@ void configure(LogLevel level, const std::string& file_pattern) {
 }
 
 void write(LogLevel level, std::string_view msg) {
+  // One event, one line: a value with a newline in it must not forge a second.
+  std::string line = printable(msg, kMaxLineBytes);
   State& s = st();
   std::lock_guard lk(s.mu);
   if (!s.logger) open_locked(s);
-  s.logger->log(to_spd(level), msg);
+  s.logger->log(to_spd(level), line);
 }
 
 // Holding the mutex across fork() means no other thread is inside a sink,

@@ -1,5 +1,6 @@
 // Logging: spdlog behind a small interface so that only log.cc pays for it.
-// Lines are prefixed "host:pid:tid shunt". Never call from the hot path.
+// Lines are prefixed "host:pid:tid shunt"; a message is written on one line
+// (control bytes escaped) of at most 4 KiB. Never call from the hot path.
 #pragma once
 #include <fmt/format.h>
 

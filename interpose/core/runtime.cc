@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "interpose/core/log.h"
@@ -21,6 +22,7 @@ namespace {
 // 0 = not started, 1 = running, 2 = done.
 std::atomic<int> g_init_state{0};
 Config* g_config = nullptr;  // leaked on purpose: wrappers may run during exit
+std::string* g_off_reason = nullptr;  // set once by init, before g_init_state is 2
 std::atomic<int> g_pid{0};
 std::atomic<bool> g_forked{false};
 std::mutex g_exit_mu;
@@ -80,6 +82,10 @@ void do_init() {
     fprintf(stderr, "%s:%d shunt: %s; shunt is off for this process\n", host, getpid(), e.message.c_str());
     if (!cfg->str(Param::log_file).empty()) log::error("{}; shunt is off for this process", e.message);
   }
+  if (!errors.empty()) {
+    std::string more = errors.size() > 1 ? " (and " + std::to_string(errors.size() - 1) + " more)" : "";
+    g_off_reason = new std::string(errors[0].message + more);
+  }
   for (auto& w : warnings) log::warn("{}", w);
   pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
   atexit(run_exit_hooks);
@@ -101,6 +107,11 @@ void ensure_init() {
 }
 
 bool initialized() { return g_init_state.load(std::memory_order_acquire) == 2; }
+
+const std::string& off_reason() {
+  static const std::string none;
+  return initialized() && g_off_reason ? *g_off_reason : none;
+}
 
 const Config& config() {
   static const Config defaults;

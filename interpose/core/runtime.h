@@ -2,6 +2,7 @@
 // in force, the re-entry guard and real-symbol resolution.
 #pragma once
 #include <atomic>
+#include <string>
 
 #include "interpose/core/config.h"
 
@@ -17,6 +18,9 @@ inline Mode current_mode() { return static_cast<Mode>(g_mode.load(std::memory_or
 void ensure_init();
 const Config& config();
 bool initialized();
+// Why shunt turned itself off for this process at start (the first bad
+// setting's message), or "" when it did not.
+const std::string& off_reason();
 
 // Thread-local re-entry guard: wrappers that find it set pass straight to the
 // real function, so shunt's own sockets, logging and allocation never loop.

@@ -60,6 +60,18 @@ std::optional<json> ask_agent(const json& req, int* rc) {
   }
   return ans;
 }
+
+// Why each process in mode off turned shunt off, from its own report.
+void print_off_reasons(std::ostream& out, const json& status) {
+  bool any = false;
+  for (auto& m : status["members"]) any |= m.value("mode", "") == "off";
+  int rc = 0;
+  auto all = any ? ask_agent({{"cmd", "members"}}, &rc) : std::nullopt;
+  if (!all || !all->contains("members") || !(*all)["members"].is_object()) return;
+  for (auto& [pid, m] : (*all)["members"].items())
+    if (m.value("mode", "") == "off" && !m.value("off_reason", "").empty())
+      out << "pid " << pid << ": shunt is off: " << m.value("off_reason", "") << "\n";
+}
 }  // namespace
 
 int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
@@ -67,7 +79,10 @@ int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
   auto ans = ask_agent({{"cmd", cmd}}, &rc);
   if (!ans) return rc;
   if (as_json) out << ans->dump(2) << "\n";
-  else if (cmd == "status") print_status(out, *ans);
+  else if (cmd == "status") {
+    print_status(out, *ans);
+    print_off_reasons(out, *ans);
+  }
   else if (cmd == "peers") print_peers(out, *ans);
   else out << ans->dump(2) << "\n";
   return 0;

@@ -36,6 +36,10 @@ std::string allowed(const ParamSpec& s) {
   return "";
 }
 
+// What a bad value of the variable does.
+std::string on_bad(const ParamSpec& s) { return s.scope == ParamScope::Data ? "shunt off" : "ignored, warning"; }
+std::string scope_name(const ParamSpec& s) { return s.scope == ParamScope::Data ? "data" : "report"; }
+
 // roff: escape backslashes and a leading dot or quote.
 std::string roff(std::string s) {
   std::string out;
@@ -63,7 +67,7 @@ int print_config(std::ostream& out, ConfigFormat fmt) {
         const ParamSpec& s = specs[i];
         j.push_back({{"name", s.name}, {"type", kind_name(s)}, {"default", s.def},
                      {"value", cfg.str(static_cast<Param>(i))}, {"source", cfg.source(static_cast<Param>(i))},
-                     {"allowed", allowed(s)}, {"help", s.help}});
+                     {"allowed", allowed(s)}, {"scope", scope_name(s)}, {"help", s.help}});
       }
       nlohmann::json doc = {{"variables", j}, {"errors", nlohmann::json::array()}, {"warnings", warnings}};
       for (auto& e : errors) doc["errors"].push_back(e.message);
@@ -71,16 +75,19 @@ int print_config(std::ostream& out, ConfigFormat fmt) {
       break;
     }
     case ConfigFormat::markdown:
-      out << "| variable | default | allowed | meaning |\n|---|---|---|---|\n";
+      out << "| variable | default | allowed | bad value | meaning |\n|---|---|---|---|---|\n";
       for (auto& s : specs)
         out << "| `" << s.name << "` | " << (*s.def ? "`" + std::string(s.def) + "`" : "(empty)") << " | "
-            << allowed(s) << " | " << s.help << " |\n";
+            << allowed(s) << " | " << (s.kind == ParamKind::Str ? "" : on_bad(s)) << " | " << s.help << " |\n";
       break;
     case ConfigFormat::man:
       for (auto& s : specs) {
         out << ".It Ev " << s.name << "\n" << roff(s.help) << "\n.Pp\nType " << kind_name(s);
         if (s.kind != ParamKind::Str) out << ", allowed " << roff(allowed(s));
         out << ", default " << (*s.def ? "\\(lq" + roff(s.def) + "\\(rq" : std::string("empty")) << ".\n";
+        if (s.kind != ParamKind::Str)
+          out << (s.scope == ParamScope::Data ? "A bad value turns shunt off for the process.\n"
+                                              : "A bad value is ignored with a warning.\n");
       }
       break;
     case ConfigFormat::table:
@@ -88,7 +95,8 @@ int print_config(std::ostream& out, ConfigFormat fmt) {
         const ParamSpec& s = specs[i];
         Param p = static_cast<Param>(i);
         out << s.name << "=" << cfg.str(p) << "  (" << cfg.source(p) << "; default '" << s.def << "'; "
-            << kind_name(s) << " " << allowed(s) << ")\n    " << s.help << "\n";
+            << kind_name(s) << " " << allowed(s) << (s.kind == ParamKind::Str ? "" : "; bad value: " + on_bad(s))
+            << ")\n    " << s.help << "\n";
       }
       for (auto& w : warnings) out << "warning: " << w << "\n";
       for (auto& e : errors) out << "error: " << e.message << "; shunt would be off\n";

@@ -1,0 +1,40 @@
+#include "interpose/core/log.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+using namespace shunt;
+
+namespace {
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+}  // namespace
+
+TEST(Log, MessageWithNewlinesStaysOneLine) {
+  std::string path = "/tmp/shunt-log-test-" + std::to_string(getpid());
+  log::configure(LogLevel::info, path);
+  log::warn("value '{}' refused", "first\nhost:1:1 shunt error: forged");
+  log::configure(LogLevel::warn, "");
+  std::string text = read_all(path);
+  unlink(path.c_str());
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.find('\n'), text.size() - 1) << text;
+  EXPECT_NE(text.find("value 'first\\nhost:1:1 shunt error: forged' refused"), std::string::npos)
+      << text;
+}
+
+TEST(Log, HugeMessageIsCutWithItsLength) {
+  std::string path = "/tmp/shunt-log-test-" + std::to_string(getpid());
+  log::configure(LogLevel::info, path);
+  log::warn("{}", std::string(1 << 20, 'v'));
+  log::configure(LogLevel::warn, "");
+  std::string text = read_all(path);
+  unlink(path.c_str());
+  EXPECT_LT(text.size(), 4096u + 200u);
+  EXPECT_NE(text.find("... (1048576 bytes)"), std::string::npos);
+}
