@@ -1,13 +1,16 @@
 // The bounds of what the host agent keeps for clients it cannot trust: the
-// path discovery cache (anyone who reaches the control socket can ask).
+// path discovery cache (anyone who reaches the control socket can ask) and
+// which unauthenticated peer-channel connection gives way to a new one.
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "interpose/peer/channel.h"
 #include "interpose/verbs/path_discovery.h"
 
+using shunt::peer::pending_to_evict;
 using shunt::verbs::HopCache;
 
 namespace {
@@ -99,4 +102,19 @@ TEST(HopCacheBounds, ARunningRoundKeepsItsEntry) {
   EXPECT_TRUE(k.c.get("10.0.0.1", peer(3), 8, 1004));
   EXPECT_TRUE(k.c.get("10.0.0.1", peer(4), 8, 1004));
   EXPECT_EQ(k.c.entries(), 2u);
+}
+
+// A new connection to the peer channel when those still to authenticate
+// are at their bound: the oldest of its own address where that address
+// holds its share already, else the oldest of the address holding the
+// most; below both bounds, nobody.
+TEST(PeerChannelBounds, WhichPendingConnectionGivesWay) {
+  using V = std::vector<uint32_t>;
+  EXPECT_EQ(pending_to_evict({}, 1, 2, 4), -1);
+  EXPECT_EQ(pending_to_evict(V{1, 2, 3}, 4, 2, 4), -1);
+  EXPECT_EQ(pending_to_evict(V{1, 2, 1}, 1, 2, 8), 0);         // its own share full: its own oldest
+  EXPECT_EQ(pending_to_evict(V{2, 1, 2, 1}, 1, 2, 8), 1);
+  EXPECT_EQ(pending_to_evict(V{3, 2, 2, 2}, 1, 4, 4), 1);      // full: the crowd's oldest, not the lone one
+  EXPECT_EQ(pending_to_evict(V{3, 2, 3, 2}, 1, 4, 4), 0);      // a tie: the older
+  EXPECT_EQ(pending_to_evict(V{5, 6, 7, 8}, 9, 4, 4), 0);      // one each: the oldest
 }
