@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
 #include "telemetry/event_log.h"
+#include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
 
 namespace shunt::telemetry {
@@ -81,47 +83,14 @@ bool write_textfile(const std::string& path) {
   return true;
 }
 
-void answer_http(int fd) {
-  std::string req;
-  char buf[4096];
-  int64_t deadline = mono_ns() + 2'000'000'000LL;
-  while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos && req.size() < 16384) {
-    pollfd p{fd, POLLIN, 0};
-    int left = static_cast<int>((deadline - mono_ns()) / 1'000'000);
-    if (left <= 0 || poll(&p, 1, left) <= 0) return;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) return;
-    req.append(buf, static_cast<size_t>(n));
+HttpAnswer answer_http(const std::string&, const std::string& path) {
+  if (path == "/metrics") {
+    std::string err, body = scrape(&err);
+    if (body.empty()) return {"503 Service Unavailable", "text/plain", "no answer from the agent: " + err + "\n"};
+    return {"200 OK", "text/plain; version=0.0.4; charset=utf-8", body};
   }
-  std::string line = req.substr(0, req.find_first_of("\r\n"));
-  std::string method = line.substr(0, line.find(' '));
-  std::string target = line.size() > method.size() ? line.substr(method.size() + 1) : "";
-  target = target.substr(0, target.find(' '));
-  std::string path = target.substr(0, target.find('?'));
-  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-  if (method != "GET" && method != "HEAD") {
-    status = "405 Method Not Allowed";
-    type = "text/plain";
-    body = "only GET and HEAD\n";
-  } else if (path == "/metrics") {
-    std::string err;
-    body = scrape(&err);
-    if (body.empty()) {
-      status = "503 Service Unavailable";
-      type = "text/plain";
-      body = "no answer from the agent: " + err + "\n";
-    }
-  } else if (path == "/") {
-    type = "text/plain";
-    body = "shunt host agent: metrics at /metrics\n";
-  } else {
-    status = "404 Not Found";
-    type = "text/plain";
-    body = "not found\n";
-  }
-  std::string head = "HTTP/1.0 " + status + "\r\nContent-Type: " + type +
-                     "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
-  peer::write_all(fd, method == "HEAD" ? head : head + body, 5000);
+  if (path == "/") return {"200 OK", "text/plain", "shunt host agent: metrics at /metrics\n"};
+  return {"404 Not Found", "text/plain", "not found\n"};
 }
 
 int listen_on(const std::string& text) {
@@ -140,7 +109,7 @@ int listen_on(const std::string& text) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0) {
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 128) != 0) {
     // Said quietly: another job's agent on this host may hold the port.
     log::info("metrics: cannot listen on {}: {}", text, strerror(errno));
     if (fd >= 0) ::close(fd);
@@ -154,29 +123,23 @@ void metrics_loop(std::string addr, std::string textfile, int64_t interval_ms) {
   ReentryGuard g;  // the endpoint's own sockets are never counted
   pthread_setname_np(pthread_self(), "shunt-metrics");
   int lfd = addr.empty() || addr == "off" ? -1 : listen_on(addr);
+  std::unique_ptr<HttpServer> http;
+  if (lfd >= 0) http = std::make_unique<HttpServer>(lfd, answer_http, HttpServer::Limits{});
   int64_t next_file = mono_ns();
   while (!g_stop.load()) {
     if (!textfile.empty() && mono_ns() >= next_file) {
       write_textfile(textfile);
       next_file = mono_ns() + interval_ms * 1'000'000;
     }
-    // Until the next textfile, a scrape, or a second (the stop flag):
+    // Until the next textfile, a client, or a second (the stop flag):
     // not every 100 ms as it did, idle wakeups being CPU a one-CPU guest's
     // job does not get.
     int wait = 1000;
     if (!textfile.empty()) wait = static_cast<int>(std::clamp<int64_t>((next_file - mono_ns()) / 1'000'000 + 1, 1, 1000));
-    if (lfd >= 0) {
-      pollfd p{lfd, POLLIN, 0};
-      if (poll(&p, 1, wait) > 0) {
-        for (int c; (c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
-          answer_http(c);
-          ::close(c);
-        }
-      }
-    } else {
-      poll(nullptr, 0, wait);
-    }
+    if (http) http->serve(wait);
+    else poll(nullptr, 0, wait);
   }
+  http.reset();
   if (lfd >= 0) ::close(lfd);
 }
 

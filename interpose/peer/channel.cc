@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -30,14 +31,21 @@ namespace shunt::peer {
 namespace {
 using nlohmann::json;
 
-constexpr int kMaxConns = 64;
-constexpr int64_t kHandshakeMs = 5000, kIdleMs = 60000;
+// Anyone who reaches the port can open a connection, so those still to
+// prove the key have a bound of their own, a short deadline, and give way
+// to newer ones; those that proved it have theirs. (One bound for both let
+// 64 silent connections, renewed every few seconds, refuse every peer.)
+constexpr int kMaxSessions = 64, kMaxPending = 32, kMaxPendingPerAddr = 8;
+constexpr int kAcceptsPerRound = 128;  // then the connections' own bytes get their turn
+constexpr size_t kMaxUnsent = 1 << 20;  // replies a client leaves unread
+constexpr int64_t kHandshakeMs = 2000, kIdleMs = 60000;
 
 struct Conn {
   int fd;
+  uint32_t addr;
   std::string who;
   ServerSession session;
-  int64_t deadline;
+  int64_t deadline, active;
   std::vector<uint8_t> out;
 };
 
@@ -74,6 +82,80 @@ bool flush(Conn& c) {
   return true;
 }
 
+void drop(Listener& l, Conn& c, const std::string& why) {
+  if (!why.empty()) log_drop(l, c.who, why);
+  ::close(c.fd);
+  c.fd = -1;
+}
+
+// Reads and answers what one connection sent; false: drop it (*why).
+bool serve_one(Listener& l, Conn& c, short revents, int64_t now, std::string* why) {
+  if (revents & (POLLIN | POLLHUP | POLLERR)) {
+    uint8_t buf[16384];
+    ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+      // closed by the peer: not an error worth a line
+      if (!c.session.authenticated()) *why = "closed before authenticating";
+      return false;
+    }
+    if (r > 0) {
+      bool was = c.session.authenticated();
+      uint64_t before = c.session.requests();
+      bool ok = c.session.on_bytes(buf, static_cast<size_t>(r), l.handler, &c.out, why);
+      if (!was && c.session.authenticated()) l.authenticated++;
+      if (c.session.authenticated()) c.deadline = now + kIdleMs, c.active = now;
+      l.requests += c.session.requests() - before;
+      if (!ok) return false;
+    }
+  }
+  if (!flush(c)) return *why = "cannot send", false;
+  if (c.out.size() > kMaxUnsent) return *why = "does not read its replies", false;
+  if (now > c.deadline) {
+    if (c.session.authenticated()) return false;  // idle: said by nobody
+    return *why = "no handshake in time", false;
+  }
+  return true;
+}
+
+// Sessions over the bound: those idle longest give way.
+void bound_sessions(Listener& l, std::vector<std::unique_ptr<Conn>>& conns) {
+  for (;;) {
+    int n = 0;
+    Conn* idlest = nullptr;
+    for (auto& c : conns) {
+      if (c->fd < 0 || !c->session.authenticated()) continue;
+      n++;
+      if (!idlest || c->active < idlest->active) idlest = c.get();
+    }
+    if (n <= kMaxSessions) return;
+    drop(l, *idlest, "evicted: idle longest of " + std::to_string(n) + " sessions");
+  }
+}
+
+void accept_new(Listener& l, std::vector<std::unique_ptr<Conn>>& conns, int64_t now) {
+  sockaddr_in a{};
+  socklen_t al = sizeof a;
+  for (int k = 0, fd; k < kAcceptsPerRound &&
+                      (fd = ::accept4(l.fd, reinterpret_cast<sockaddr*>(&a), &al, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;
+       k++, al = sizeof a) {
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+    std::string who = std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+    l.accepted++;
+    std::vector<uint32_t> pending;
+    std::vector<Conn*> of;
+    for (auto& c : conns)
+      if (c->fd >= 0 && !c->session.authenticated()) pending.push_back(c->addr), of.push_back(c.get());
+    int v = pending_to_evict(pending, a.sin_addr.s_addr, kMaxPendingPerAddr, kMaxPending);
+    if (v >= 0) drop(l, *of[v], "evicted: not authenticated, and a newer connection came");
+    auto c = std::make_unique<Conn>(
+        Conn{fd, a.sin_addr.s_addr, who, ServerSession(l.job, random_nonce()), now + kHandshakeMs, now, {}});
+    c->out = c->session.hello();
+    flush(*c);
+    conns.push_back(std::move(c));
+  }
+}
+
 void serve(Listener& l) {
   ReentryGuard g;
   pthread_setname_np(pthread_self(), "shunt-peer");
@@ -89,58 +171,37 @@ void serve(Listener& l) {
     for (auto& c : conns) wait = std::min(wait, c->deadline - mono_ms() + 1);
     poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(wait, 0)));
     int64_t now = mono_ms();
-    if (fds[0].revents & POLLIN) {
-      sockaddr_in a{};
-      socklen_t al = sizeof a;
-      for (int fd; (fd = ::accept4(l.fd, reinterpret_cast<sockaddr*>(&a), &al, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
-        char ip[INET_ADDRSTRLEN] = "?";
-        inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-        std::string who = std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-        l.accepted++;
-        if (static_cast<int>(conns.size()) >= kMaxConns) {
-          log_drop(l, who, "too many connections");
-          ::close(fd);
-          continue;
-        }
-        auto c = std::make_unique<Conn>(Conn{fd, who, ServerSession(l.job, random_nonce()), now + kHandshakeMs, {}});
-        c->out = c->session.hello();
-        flush(*c);
-        conns.push_back(std::move(c));
-        al = sizeof a;
-      }
-    }
+    // The connections first, then new ones: a client's answer to its hello
+    // is read before newer connections can push it out.
     for (size_t i = 1; i < fds.size(); i++) {
       Conn& c = *conns[i - 1];
-      bool drop = false;
       std::string why;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        uint8_t buf[16384];
-        ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-          drop = true;  // closed by the peer: not an error worth a line
-          if (!c.session.authenticated()) why = "closed before authenticating";
-        } else if (r > 0) {
-          bool was = c.session.authenticated();
-          uint64_t before = c.session.requests();
-          if (!c.session.on_bytes(buf, static_cast<size_t>(r), l.handler, &c.out, &why)) drop = true;
-          if (!was && c.session.authenticated()) l.authenticated++;
-          if (c.session.authenticated()) c.deadline = now + kIdleMs;
-          l.requests += c.session.requests() - before;
-        }
-      }
-      if (!drop && !flush(c)) drop = true, why = "cannot send";
-      if (!drop && now > c.deadline) drop = true, why = c.session.authenticated() ? "idle" : "no handshake in time";
-      if (drop) {
-        if (!why.empty() && why != "idle") log_drop(l, c.who, why);
-        ::close(c.fd);
-        c.fd = -1;
-      }
+      if (!serve_one(l, c, fds[i].revents, now, &why)) drop(l, c, why);
     }
+    bound_sessions(l, conns);
+    if (fds[0].revents & POLLIN) accept_new(l, conns, now);
     std::erase_if(conns, [](const std::unique_ptr<Conn>& c) { return c->fd < 0; });
   }
   for (auto& c : conns) ::close(c->fd);
 }
 }  // namespace
+
+int pending_to_evict(const std::vector<uint32_t>& pending, uint32_t addr, int per_addr, int max) {
+  std::map<uint32_t, int> held;
+  for (uint32_t a : pending) held[a]++;
+  uint32_t from = addr;
+  if (held[addr] < per_addr) {
+    if (static_cast<int>(pending.size()) < max) return -1;
+    // The address that holds the most gives way: a lone client is not
+    // pushed out by a crowd from elsewhere.
+    int most = 0;
+    for (uint32_t a : pending)  // first met of the largest: ties go to the oldest
+      if (held[a] > most) most = held[a], from = a;
+  }
+  for (size_t i = 0; i < pending.size(); i++)
+    if (pending[i] == from) return static_cast<int>(i);
+  return -1;
+}
 
 namespace {
 Listener* open_listener(const std::string& addr, int port, const Key& job, RequestHandler h, int* bound) {
@@ -152,7 +213,7 @@ Listener* open_listener(const std::string& addr, int port, const Key& job, Reque
   a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t al = sizeof a;
   if (fd < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
-      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 64) != 0 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 256) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &al) != 0) {
     log::warn("peer channel: cannot listen on {}:{}: {}", addr, port, strerror(errno));
     if (fd >= 0) ::close(fd);

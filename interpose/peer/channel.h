@@ -2,6 +2,7 @@
 // the client call other hosts' shims use. Sessions: session.h.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,12 @@ std::optional<nlohmann::json> call(const std::string& addr, int port, const Key&
 std::optional<nlohmann::json> race(const std::vector<std::string>& addrs, int port, const Key& job,
                                    const nlohmann::json& req, int timeout_ms, size_t* winner, std::string* err,
                                    int hedge_ms = 150, int hedges = 6);
+
+// Which connection still to authenticate gives way to a new one from
+// `addr` (an index into `pending`, their addresses oldest first; -1: none).
+// Where `addr` holds per_addr of them already, its own oldest; else, where
+// `max` are pending, the oldest of the address that holds the most.
+int pending_to_evict(const std::vector<uint32_t>& pending, uint32_t addr, int per_addr, int max);
 
 // Counters of the listener (for tests and metrics).
 struct ListenerCounters {

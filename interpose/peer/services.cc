@@ -1,4 +1,5 @@
 // The services every host agent runs, and the commands that expose them.
+#include <arpa/inet.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -212,8 +213,9 @@ json bundle_paths_stats(const json& req) {
 
 // Path discovery for the host's bundles (see HopCache): {"local", "peer",
 // "candidates", "wait_ms"} -> {"ports", "hops"} once known, {"pending": true}
-// while the datagrams are out. A discovery runs in a thread of its own, so
-// the agent keeps answering meanwhile.
+// while the datagrams are out, {"busy": true} while as many discoveries as
+// the cache allows are (ask again). A discovery runs in a thread of its
+// own, so the agent keeps answering meanwhile.
 std::atomic<int> g_hop_wait_ms{100};
 verbs::HopCache& hop_cache() {
   static auto* c = new verbs::HopCache(
@@ -231,13 +233,29 @@ verbs::HopCache& hop_cache() {
   return *c;
 }
 
+// A dotted-quad IPv4 address as inet_ntop writes it: anything else would be
+// a cache entry of its own for the same address, or no address at all.
+bool ipv4_text(const json& v) {
+  if (!v.is_string() || v.get_ref<const std::string&>().size() >= INET_ADDRSTRLEN) return false;
+  const std::string& s = v.get_ref<const std::string&>();
+  in_addr a;
+  char back[INET_ADDRSTRLEN];
+  return inet_pton(AF_INET, s.c_str(), &a) == 1 && inet_ntop(AF_INET, &a, back, sizeof back) && s == back;
+}
+
 json route_hops(const json& req) {
-  const std::string local = req.value("local", ""), peer = req.value("peer", "");
+  const json none;
+  const json& l = req.contains("local") ? req["local"] : none;
+  const json& p = req.contains("peer") ? req["peer"] : none;
+  if (!ipv4_text(l) || !ipv4_text(p)) return {{"error", "route-hops needs local and peer IPv4 addresses"}};
+  const std::string local = l.get<std::string>(), peer = p.get<std::string>();
   const int n = req.value("candidates", 0), wait = req.value("wait_ms", 100);
-  if (local.empty() || peer.empty() || n < 1 || n > 256 || wait < 1 || wait > 5000)
-    return {{"error", "route-hops needs local, peer, candidates (1..256) and wait_ms (1..5000)"}};
+  if (n < 1 || n > 256 || wait < 1 || wait > 5000)
+    return {{"error", "route-hops needs candidates (1..256) and wait_ms (1..5000)"}};
   g_hop_wait_ms = wait;
-  auto e = hop_cache().get(local, peer, n, mono_ms());
+  bool busy = false;
+  auto e = hop_cache().get(local, peer, n, mono_ms(), &busy);
+  if (busy) return {{"busy", true}};
   if (!e) return {{"pending", true}};
   return {{"ports", e->ports}, {"hops", e->hops}, {"age_ms", mono_ms() - e->at_ms}};
 }

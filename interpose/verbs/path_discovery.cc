@@ -169,23 +169,59 @@ std::vector<uint16_t> candidate_ports(const std::string& local, const std::strin
   return out;
 }
 
+void HopCache::prune(int64_t now_ms) {
+  std::erase_if(slots_, [&](const auto& kv) { return !kv.second.running && now_ms - kv.second.e.at_ms >= ttl_ms_; });
+  while (!slots_.empty() && slots_.size() >= limits_.max_entries) {  // room for one more
+    auto oldest = slots_.end();
+    for (auto it = slots_.begin(); it != slots_.end(); ++it)
+      if (!it->second.running && (oldest == slots_.end() || it->second.touched_ms < oldest->second.touched_ms))
+        oldest = it;
+    if (oldest == slots_.end()) break;  // every one running: bounded by max_running
+    slots_.erase(oldest);
+  }
+}
+
 std::optional<HopCache::Entry> HopCache::get(const std::string& local, const std::string& peer, int candidates,
-                                             int64_t now_ms) {
+                                             int64_t now_ms, bool* busy) {
+  if (busy) *busy = false;
   std::unique_lock g(mu_);
-  Slot& s = slots_[{local, peer}];
-  if (s.have && now_ms - s.e.at_ms < ttl_ms_ && static_cast<int>(s.e.ports.size()) >= candidates) return s.e;
-  if (s.running) return std::nullopt;
-  s.running = true;
+  const Key key{local, peer};
+  auto it = slots_.find(key);
+  if (it != slots_.end()) {
+    const Slot& s = it->second;
+    if (s.have && now_ms - s.e.at_ms < ttl_ms_ && static_cast<int>(s.e.ports.size()) >= candidates) return s.e;
+    if (s.running) return std::nullopt;
+  }
   // Fresh ports each time: ports of the last round may be bound by now
   // (the agent's probes of the shadows that took them), and binding is how
   // a discovery datagram gets its source port.
   std::vector<uint16_t> ports = candidate_ports(local, peer, candidates, static_cast<uint64_t>(now_ms) ^ (++draws_ << 40));
+  const int n = static_cast<int>(ports.size());
+  if (running_ >= limits_.max_running || running_ports_ + n > limits_.max_ports) {
+    if (busy) *busy = true;
+    return std::nullopt;
+  }
+  if (it == slots_.end()) {
+    prune(now_ms);
+    it = slots_.emplace(key, Slot{}).first;
+  }
+  it->second.running = true;
+  it->second.touched_ms = now_ms;
+  running_++;
+  running_ports_ += n;
   g.unlock();
-  spawn_([this, local, peer, ports, now_ms] {
-    std::vector<std::string> hops = probe_(local, peer, ports);
+  spawn_([this, key, ports, now_ms, n] {
+    std::vector<std::string> hops;
+    try {
+      hops = probe_(key.first, key.second, ports);
+    } catch (...) {  // (out of memory): the ports stay unknown, and the round still ends
+      hops.clear();
+    }
     hops.resize(ports.size());
     std::lock_guard l(mu_);
-    Slot& t = slots_[{local, peer}];
+    running_--;
+    running_ports_ -= n;
+    Slot& t = slots_[key];  // a running slot is never pruned: still there
     t.e.ports = ports;
     t.e.hops = std::move(hops);
     t.e.at_ms = now_ms;  // the TTL counts from when the datagrams went
@@ -193,8 +229,21 @@ std::optional<HopCache::Entry> HopCache::get(const std::string& local, const std
     t.running = false;
   });
   g.lock();
+  it = slots_.find(key);  // (pruned meanwhile where the round already ended)
+  if (it == slots_.end()) return std::nullopt;
+  const Slot& s = it->second;
   if (s.have && !s.running && static_cast<int>(s.e.ports.size()) >= candidates && s.e.ports == ports) return s.e;
   return std::nullopt;
+}
+
+size_t HopCache::entries() {
+  std::lock_guard l(mu_);
+  return slots_.size();
+}
+
+int HopCache::running_ports() {
+  std::lock_guard l(mu_);
+  return running_ports_;
 }
 
 }  // namespace shunt::verbs

@@ -67,6 +67,17 @@ std::vector<int> balanced_pick(const std::vector<std::string>& hops, int want);
 // first unanswered (and placed by the hash). The bundles that share an entry
 // share its ports too (the same 5-tuples, so the same routes, and the host
 // agent probes each such port once).
+//
+// Anyone who can reach the agent can ask, so the cache is bounded: entries
+// past their TTL go, the table holds at most max_entries (the oldest
+// goes first), and a discovery starts only while fewer than max_running
+// are out and their candidates (one socket each) stay within max_ports.
+struct HopCacheLimits {
+  size_t max_entries = 256;  // (local, peer) pairs kept
+  int max_running = 4;       // discoveries out at once
+  int max_ports = 256;       // their candidates together: the sockets they hold
+};
+
 class HopCache {
  public:
   struct Entry {
@@ -74,28 +85,39 @@ class HopCache {
     std::vector<std::string> hops; // the router that answered for each, or ""
     int64_t at_ms = 0;             // when its datagrams went
   };
+  using Limits = HopCacheLimits;
   // Runs a discovery: hops of `ports` from local to peer (hops_of_ports).
   using Probe = std::function<std::vector<std::string>(const std::string& local, const std::string& peer,
                                                       const std::vector<uint16_t>& ports)>;
   // Runs `work` somewhere (a thread of its own in the agent; inline in tests).
   using Spawn = std::function<void(std::function<void()> work)>;
-  HopCache(Probe probe, Spawn spawn, int64_t ttl_ms) : probe_(std::move(probe)), spawn_(std::move(spawn)), ttl_ms_(ttl_ms) {}
+  HopCache(Probe probe, Spawn spawn, int64_t ttl_ms, Limits limits = {})
+      : probe_(std::move(probe)), spawn_(std::move(spawn)), ttl_ms_(ttl_ms), limits_(limits) {}
   // The entry for (local, peer) when it is younger than the TTL and tried at
   // least `candidates` ports. Otherwise a new discovery of `candidates`
   // fresh random ports starts (unless one for that pair runs already) and
-  // the answer is nullopt: ask again shortly.
-  std::optional<Entry> get(const std::string& local, const std::string& peer, int candidates, int64_t now_ms);
+  // the answer is nullopt: ask again shortly. Where the discoveries out are
+  // at their bound none starts, and *busy (when given) is set.
+  std::optional<Entry> get(const std::string& local, const std::string& peer, int candidates, int64_t now_ms,
+                           bool* busy = nullptr);
+  size_t entries();      // (for tests)
+  int running_ports();   // candidates of the discoveries out now
 
  private:
   struct Slot {
     Entry e;
     bool have = false, running = false;
+    int64_t touched_ms = 0;  // when it was made or last refreshed: the oldest goes first
   };
+  using Key = std::pair<std::string, std::string>;
+  void prune(int64_t now_ms);  // under mu_
   Probe probe_;
   Spawn spawn_;
   int64_t ttl_ms_;
+  Limits limits_;
   std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, Slot> slots_;
+  std::map<Key, Slot> slots_;
+  int running_ = 0, running_ports_ = 0;
   uint64_t draws_ = 0;
 };
 
