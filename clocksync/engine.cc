@@ -255,6 +255,12 @@ ProbeEngine::~ProbeEngine() {
 
 bool ProbeEngine::start(std::string* err) {
   if (thread_.joinable()) return true;
+  if (cfg_.key == Key{}) {
+    if (err)
+      *err = "no SHUNT_JOB_KEY, so no probing: probes under a key anyone can derive could be forged "
+             "by anyone on the network; set SHUNT_JOB_KEY to one secret on every host (shunt-run sets one)";
+    return false;
+  }
   if (cfg_.local_addrs.empty()) {
     if (err) *err = "no local probe addresses";
     return false;

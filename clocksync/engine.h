@@ -78,6 +78,8 @@ struct EngineConfig {
   // answers each of its pairs once, whatever either cadence.
   int spare_every = 0;
   int64_t pair_tol_ns = 10'000;
+  // Authenticates every probe (derive_probe_key of the job's secret). All
+  // zero: none, and start() refuses to probe.
   Key key{};
   TestClockSpec test_clock;             // identity unless testing
   std::string shm_name;                 // empty: do not publish
@@ -160,7 +162,9 @@ class ProbeEngine {
   ProbeEngine(const ProbeEngine&) = delete;
   ProbeEngine& operator=(const ProbeEngine&) = delete;
 
-  bool start(std::string* err);  // opens the rails' sockets, starts the thread
+  // Opens the rails' sockets, starts the thread; false without a key
+  // (EngineConfig::key), the reason in *err.
+  bool start(std::string* err);
   void stop();
   // Adds a peer (thread-safe, any time). A known name, or an address known on
   // the same rail, merges; a named spec renames a peer found by address.

@@ -15,12 +15,14 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "clocksync/clock_shm.h"
 #include "clocksync/engine.h"
+#include "interpose/core/config.h"
 
 namespace shunt::clocksync {
 namespace {
@@ -685,6 +687,41 @@ TEST(ClocksyncEngine, SourcePathLivenessChangesMoveTheSegmentsCount) {
     EXPECT_EQ(a.rails_alive(), (Rails{{"b", {false}}}));
     a.stop();  // the segment goes with its engine; a new engine's is another one
     EXPECT_TRUE(rd.replaced(shm));
+  });
+}
+
+// Without SHUNT_JOB_KEY the engine has no key and does not start: every
+// engine without one used to sign with the key of an empty secret, which
+// anyone can derive and forge probes under. With one, it starts.
+TEST(ClocksyncEngine, DoesNotProbeWithoutAKey) {
+  SKIP_UNLESS_NETNS([] {
+    std::map<std::string, std::string> env{{"SHUNT_PROBE_ADDRS", "127.0.0.1"}, {"SHUNT_CLOCK_SHM", ""}};
+    auto from_env = [&](EngineConfig* ec) {
+      std::vector<ConfigError> errs;
+      std::vector<std::string> warns;
+      Config c = load_config(
+          [&](const char* n) -> const char* {
+            auto it = env.find(n);
+            return it == env.end() ? nullptr : it->second.c_str();
+          },
+          &errs, &warns, nullptr);
+      std::string err;
+      ASSERT_TRUE(errs.empty());
+      ASSERT_TRUE(engine_config_from(c, ec, nullptr, &err)) << err;
+    };
+    EngineConfig keyless, keyed;
+    from_env(&keyless);
+    EXPECT_EQ(keyless.key, Key{});
+    ProbeEngine e{keyless};
+    std::string err;
+    EXPECT_FALSE(e.start(&err));
+    EXPECT_NE(err.find("SHUNT_JOB_KEY"), std::string::npos) << err;
+    EXPECT_EQ(e.counters().sent, 0u);
+    env["SHUNT_JOB_KEY"] = "k";
+    from_env(&keyed);
+    EXPECT_EQ(keyed.key, derive_probe_key("k"));
+    ProbeEngine k{keyed};
+    EXPECT_TRUE(k.start(&err)) << err;
   });
 }
 
