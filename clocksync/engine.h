@@ -254,8 +254,8 @@ class ProbeEngine {
   bool defer_receipt(int64_t now) const;
   void handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
   void handle_source(SourcePath& sp, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
-  bool path_probe(Peer& p, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx,
-                  bool clock);
+  enum class Taken { dropped, heard, yes };  // heard: outside the window, named in our feedback
+  Taken path_probe(Peer& p, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx, bool clock);
   void forget_reflected(Peer& p, size_t k);
   void tick(int64_t now, std::vector<PathEvent>* events);
   void correct_loops(int64_t now);
@@ -307,7 +307,6 @@ class ProbeEngine {
   void watch(int fd, uint64_t tag);
   void unwatch(int fd);
   int64_t last_loop_ = 0, last_phc_ = 0;
-  uint64_t seq_base_;
   struct Shm;
   std::unique_ptr<Shm> shm_;
 };
