@@ -28,6 +28,10 @@ constexpr int64_t kLoopEvery = 100'000'000;
 constexpr int64_t kPhcEvery = 1'000'000'000;
 constexpr int64_t kMaxSleep = 1'000'000'000;  // a backstop; something is due sooner
 constexpr size_t kMaxSourcePaths = 64;        // per peer, ours and reflected each
+// A pair further ahead of the newest taken one is not taken on its sequence
+// number alone (path_probe): a peer's pairs lost in a row, about 7 minutes
+// of rail pairs at the defaults; beyond that it must prove it hears us.
+constexpr uint64_t kMaxAhead = 1024;
 
 struct TxPair {
   uint64_t seq = kNoSeq;
@@ -61,6 +65,10 @@ struct PathState {
   std::array<RxPair, kRing> rx;
   uint64_t rx_max = 0;
   bool rx_any = false;
+  // The newest pair heard outside the window and not taken (path_probe):
+  // our next pair's feedback names it, so that a restarted peer can prove
+  // that it hears us.
+  RxPair heard;
   uint32_t rx_count = 0;
   uint64_t last_fwd = 0, last_rev = 0;  // newest pair seq already turned into a sample
   bool fwd_any = false, rev_any = false;
@@ -166,6 +174,14 @@ int64_t dead_deadline(const EngineConfig& c, const SourcePath& sp) {
   const int64_t longer = sp.ps.view.dead_at(c.dead_ns * std::max(every_of(c, sp), sp.grace_every));
   return longer < sp.grace_until ? longer : std::max(at, sp.grace_until);
 }
+// Where a path's pair sequence numbers start: at random (below 2^62, never
+// 0), so that no probe from before, ours or an earlier engine's on this
+// host, names a pair of ours in its feedback (what path_probe takes as proof
+// that a probe is new).
+uint64_t random_seq() {
+  uint64_t v = (uint64_t(randombytes_random()) << 32) | randombytes_random();
+  return (v >> 2) | 1;
+}
 }  // namespace
 
 uint64_t node_id(std::string_view name) {
@@ -217,9 +233,6 @@ bool parse_peers(std::string_view text, std::vector<PeerSpec>* out, std::string*
 ProbeEngine::ProbeEngine(EngineConfig cfg)
     : cfg_(std::move(cfg)), ts_(cfg_.test_clock), self_id_(node_id(cfg_.name)),
       jitter_((uint64_t(randombytes_random()) << 32) | randombytes_random()) {
-  // Pair sequence numbers start at the clock in us: a restarted engine never
-  // reuses numbers its peers have seen, so their replay check needs no reset.
-  seq_base_ = uint64_t(TimeSource::kernel_now() / 1000);
   // Lives as long as the engine, so wake() is safe from any thread at any time.
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   // The engine thread's wait set: registered as sockets come and go, so a
@@ -255,6 +268,12 @@ ProbeEngine::~ProbeEngine() {
 
 bool ProbeEngine::start(std::string* err) {
   if (thread_.joinable()) return true;
+  if (cfg_.key == Key{}) {
+    if (err)
+      *err = "no SHUNT_JOB_KEY, so no probing: probes under a key anyone can derive could be forged "
+             "by anyone on the network; set SHUNT_JOB_KEY to one secret on every host (shunt-run sets one)";
+    return false;
+  }
   if (cfg_.local_addrs.empty()) {
     if (err) *err = "no local probe addresses";
     return false;
@@ -402,7 +421,7 @@ void ProbeEngine::add_peer(const PeerSpec& spec) {
     if (spec.addrs[i].empty()) continue;
     if (spec.by_address && p->paths[i].remote.sin_addr.s_addr != 0) continue;
     parse_ipv4(spec.addrs[i], cfg_.port, &p->paths[i].remote);
-    if (p->paths[i].next_seq == 0) p->paths[i].next_seq = seq_base_;
+    if (p->paths[i].next_seq == 0) p->paths[i].next_seq = random_seq();
   }
   wake();  // a new peer's first pair may be due before the engine's next wakeup
 }
@@ -459,9 +478,7 @@ int ProbeEngine::add_source_path(std::string_view peer, int rail, uint16_t src_p
     // two hosts, probed since the peer was added, likely before the job
     // that asks for this path loaded the fabric.
     sp->ps.view.seed_queue(ts_.now(), p->paths[rail].view);
-    // Its own sequence space, from the clock like the engine's: never one the
-    // peer saw on an earlier path from this port.
-    sp->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
+    sp->ps.next_seq = random_seq();
     sp->round = unsigned(id);  // the source paths take turns over the rounds
     log::info("clocksync: source path {} to {} rail {} from {}:{}", id, p->name, rail,
               cfg_.local_addrs[rail], sp->port);
@@ -859,8 +876,14 @@ void ProbeEngine::prepare_pair(int peer_idx, const Out& o, int64_t now, Queued* 
       top[1] = &r;
     }
   }
+  // A pair heard but not taken first (path_probe), once: the peer proves
+  // with it that it hears us.
+  if (ps.heard.seq != kNoSeq) {
+    pr.feedback[pr.n_feedback++] = {ps.heard.seq, ps.heard.rx[0], ps.heard.rx[1], ps.rx_count};
+    ps.heard = RxPair{};
+  }
   for (const RxPair* r : top)
-    if (r) pr.feedback[pr.n_feedback++] = {r->seq, r->rx[0], r->rx[1], ps.rx_count};
+    if (r && pr.n_feedback < kMaxFeedback) pr.feedback[pr.n_feedback++] = {r->seq, r->rx[0], r->rx[1], ps.rx_count};
   // Gossip: our direct estimates of other peers, a few per probe, in turn.
   if (o.gossip && peers_.size() > 1) {
     for (size_t k = 0; k < peers_.size() && pr.n_gossip < kMaxGossip; k++) {
@@ -976,18 +999,19 @@ void ProbeEngine::handle(int rail, const Probe& pr, const sockaddr_in& from, int
       q->port = ntohs(from.sin_port);
       q->reflected = true;
       q->ps.remote = from;
-      q->ps.next_seq = uint64_t(TimeSource::kernel_now() / 1000);
+      q->ps.next_seq = random_seq();
       q->last_rx = rx;
       sp = q.get();
       p->sources.push_back(std::move(q));
     }
-    if (path_probe(*p, sp->ps, sp->filter, pr, rx, false)) {
-      sp->last_rx = rx;
-      sp->owed = true;
-    }
+    // Answered when heard but not taken too: the answer's feedback is how
+    // the peer proves it hears us (path_probe).
+    const Taken t = path_probe(*p, sp->ps, sp->filter, pr, rx, false);
+    if (t == Taken::yes) sp->last_rx = rx;
+    if (t != Taken::dropped) sp->owed = true;
     return;
   }
-  if (!path_probe(*p, p->paths[rail], p->filter, pr, rx, true)) return;
+  if (path_probe(*p, p->paths[rail], p->filter, pr, rx, true) != Taken::yes) return;
   // Gossip about hosts we also probe.
   for (int k = 0; k < pr.n_gossip; k++) {
     const Gossip& g = pr.gossip[k];
@@ -1012,17 +1036,56 @@ void ProbeEngine::handle_source(SourcePath& sp, const Probe& pr, const sockaddr_
   path_probe(p, sp.ps, sp.filter, pr, rx, false);
 }
 
+namespace {
+// Whether `pr` names, in its feedback, a pair of ours on this path that is
+// among our last kRing and that no probe taken so far had named: it was
+// made after the peer received that pair, so it is no replay. Our sequence
+// numbers start at random (random_seq), so no earlier probe can name one.
+bool names_new_pair(const PathState& ps, const Probe& pr) {
+  for (int k = 0; k < pr.n_feedback; k++) {
+    const Feedback& f = pr.feedback[k];
+    if (f.seq == kNoSeq || (ps.fwd_any && f.seq <= ps.last_fwd)) continue;
+    if (ps.tx[f.seq % kRing].seq == f.seq) return true;
+  }
+  return false;
+}
+}  // namespace
+
 // A probe that passed the checks, on one path: receive and replay
 // bookkeeping, liveness, and the one-way delays its stamps complete. `clock`:
 // the samples also feed the peer's clock estimate (rail paths only).
-bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx,
-                             bool clock) {
+//
+// Replays: the window is the peer's newest pair taken and the kRing before
+// it; a pair in it is taken once, a pair up to kMaxAhead past it advances
+// it. Any other pair (an older one, a restarted peer's, one far ahead:
+// every probe is authenticated, so a peer's or a replay) is taken only if
+// it names a pair of ours no probe had named yet (names_new_pair), and the
+// window then starts over at it. Else it is heard, not taken: our next
+// pair's feedback names it, the restarted peer's answer names that pair,
+// and the window moves there, a send round or two after the restart. So
+// no sequence number, however large, holds the window, and a replayed
+// probe (which names only pairs already named, or none of ours) is never
+// taken outside the window.
+ProbeEngine::Taken ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const Probe& pr,
+                                           int64_t rx, bool clock) {
   Peer* p = &pe;
   RxPair& slot = ps.rx[pr.seq % kRing];
-  bool too_old = ps.rx_any && pr.seq + kRing <= ps.rx_max;
-  if (too_old || (slot.seq == pr.seq && slot.rx[pr.idx] != 0)) {
+  const bool in_window = ps.rx_any && pr.seq + kRing > ps.rx_max && pr.seq <= ps.rx_max + kMaxAhead;
+  if (!in_window) {
+    if (!names_new_pair(ps, pr)) {
+      if (ps.heard.seq != pr.seq) ps.heard = RxPair{pr.seq, {0, 0}};
+      ps.heard.rx[pr.idx] = rx;
+      ctr_.dropped_replay++;
+      return Taken::heard;
+    }
+    ps.rx.fill(RxPair{});
+    ps.rx_any = false;
+    ps.rev_any = false;
+    ps.heard = RxPair{};
+    ps.view.on_peer_restart();
+  } else if (slot.seq == pr.seq && slot.rx[pr.idx] != 0) {
     ctr_.dropped_replay++;
-    return false;
+    return Taken::dropped;
   }
   p->id_confirmed = true;
   if (slot.seq != pr.seq) slot = RxPair{pr.seq, {0, 0}};
@@ -1082,7 +1145,7 @@ bool ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& filter, const 
       ps.view.add_queue_sample(rx, raw, m.valid ? &offset : nullptr);
     }
   }
-  return true;
+  return Taken::yes;
 }
 
 void ProbeEngine::forget_reflected(Peer& p, size_t k) {

@@ -78,6 +78,8 @@ struct EngineConfig {
   // answers each of its pairs once, whatever either cadence.
   int spare_every = 0;
   int64_t pair_tol_ns = 10'000;
+  // Authenticates every probe (derive_probe_key of the job's secret). All
+  // zero: none, and start() refuses to probe.
   Key key{};
   TestClockSpec test_clock;             // identity unless testing
   std::string shm_name;                 // empty: do not publish
@@ -160,7 +162,9 @@ class ProbeEngine {
   ProbeEngine(const ProbeEngine&) = delete;
   ProbeEngine& operator=(const ProbeEngine&) = delete;
 
-  bool start(std::string* err);  // opens the rails' sockets, starts the thread
+  // Opens the rails' sockets, starts the thread; false without a key
+  // (EngineConfig::key), the reason in *err.
+  bool start(std::string* err);
   void stop();
   // Adds a peer (thread-safe, any time). A known name, or an address known on
   // the same rail, merges; a named spec renames a peer found by address.
@@ -250,8 +254,8 @@ class ProbeEngine {
   bool defer_receipt(int64_t now) const;
   void handle(int rail, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
   void handle_source(SourcePath& sp, const Probe& pr, const sockaddr_in& from, int64_t rx_local);
-  bool path_probe(Peer& p, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx,
-                  bool clock);
+  enum class Taken { dropped, heard, yes };  // heard: outside the window, named in our feedback
+  Taken path_probe(Peer& p, PathState& ps, PairFilter& filter, const Probe& pr, int64_t rx, bool clock);
   void forget_reflected(Peer& p, size_t k);
   void tick(int64_t now, std::vector<PathEvent>* events);
   void correct_loops(int64_t now);
@@ -303,7 +307,6 @@ class ProbeEngine {
   void watch(int fd, uint64_t tag);
   void unwatch(int fd);
   int64_t last_loop_ = 0, last_phc_ = 0;
-  uint64_t seq_base_;
   struct Shm;
   std::unique_ptr<Shm> shm_;
 };

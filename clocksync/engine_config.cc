@@ -25,7 +25,9 @@ bool engine_config_from(const Config& c, EngineConfig* out, std::vector<PeerSpec
   e.source_every = int(c.num(Param::source_probe_every));
   e.spare_every = int(c.num(Param::spare_probe_every));
   e.pair_tol_ns = c.num(Param::probe_pair_tol_ns);
-  e.key = derive_probe_key(c.str(Param::job_key));
+  // No job key, no key: start() refuses to probe (a key everyone can derive
+  // lets anyone forge probes).
+  if (!c.str(Param::job_key).empty()) e.key = derive_probe_key(c.str(Param::job_key));
   auto tc = parse_test_clock(c.str(Param::test_clock), err);
   if (!tc) {
     if (err) *err = "SHUNT_TEST_CLOCK: " + *err;

@@ -28,6 +28,12 @@ void PathView::on_received(int64_t now, uint64_t seq) {
   push(rc_, nrc_, hrc_, Count{now, 2 * (peer_last_seq_ - peer_first_seq_ + 1), uint32_t(rx_)});
 }
 
+void PathView::on_peer_restart() {
+  peer_first_seq_ = ~0ull;
+  peer_last_seq_ = 0;
+  nrc_ = hrc_ = 0;
+}
+
 void PathView::on_feedback(int64_t now, uint32_t rx_count, uint64_t seq) {
   if (first_seq_ == ~0ull || seq < first_seq_) return;
   if (rx_count > last_fb_count_) last_fb_progress_ = now;

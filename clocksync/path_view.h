@@ -31,6 +31,7 @@ class PathView {
 
   void on_sent(int64_t now, uint64_t pair_seq);  // after a pair left
   void on_received(int64_t now, uint64_t pair_seq);  // a probe of the peer's arrived
+  void on_peer_restart();  // the peer's pair numbers start over (reverse loss too)
   // The peer's cumulative count of our probes and the newest pair it saw.
   void on_feedback(int64_t now, uint32_t rx_count, uint64_t pair_seq);
   void add_delay(int64_t now, bool forward, double owd_ns);

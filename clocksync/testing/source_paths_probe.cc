@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   if (ec.name.empty() || ec.local_addrs.empty() || status.empty())
     return usage("--name, --listen and --status are required");
   const char* key = getenv("SHUNT_JOB_KEY");
-  ec.key = derive_probe_key(key ? key : "");
+  if (key && *key) ec.key = derive_probe_key(key);  // else start() refuses
 
   ProbeEngine eng(ec);
   for (auto& p : peers) eng.add_peer(p);

@@ -19,7 +19,7 @@ ip -n $NA link set va up
 ip -n $NB link set vb up
 
 mport=$(free_port)
-common="SHUNT_MODE=observe SHUNT_REPORT_INTERVAL_MS=100 SHUNT_PROBE_INTERVAL_MS=20 SHUNT_PATH_DEAD_MS=200 SHUNT_METRICS_ADDR=127.0.0.1:$mport SHUNT_CLOCK_SHM=/shunt-test-$$-%h"
+common="SHUNT_JOB_KEY=path-events-$$ SHUNT_MODE=observe SHUNT_REPORT_INTERVAL_MS=100 SHUNT_PROBE_INTERVAL_MS=20 SHUNT_PATH_DEAD_MS=200 SHUNT_METRICS_ADDR=127.0.0.1:$mport SHUNT_CLOCK_SHM=/shunt-test-$$-%h"
 mkdir -p "$TMP/ra" "$TMP/rb"
 ip netns exec $NA env $common SHUNT_RUN_DIR=$TMP/ra SHUNT_EVENT_LOG=$TMP/a-%p.log SHUNT_PROBE_NAME=a \
   SHUNT_PROBE_ADDRS=10.99.0.1 SHUNT_PEERS=b=10.99.0.2 LD_PRELOAD=$LIB "$B/test/hold_socket" 60000 & pa=$!

@@ -22,10 +22,10 @@ P=$B/bin/shunt-probe
 [ -x "$P" ] || fail "no $P (make)"
 up --hosts 2 --rails 1 --spines 2
 a1=$(fab addr h1 r0); a2=$(fab addr h2 r0)
-fab exec h2 -- timeout 60 "$P" --name h2 --listen "$a2" --peer "h1=$a1" --duration 30 --shm '' \
+fab exec h2 -- timeout 60 env SHUNT_JOB_KEY=clocksync-guests-$$ "$P" --name h2 --listen "$a2" --peer "h1=$a1" --duration 30 --shm '' \
   --json /tmp/clock-h2.json > "$TMP/h2.out" 2>&1 &
 p2=$!
-fab exec h1 -- timeout 60 "$P" --name h1 --listen "$a1" --peer "h2=$a2" --duration 30 --shm '' \
+fab exec h1 -- timeout 60 env SHUNT_JOB_KEY=clocksync-guests-$$ "$P" --name h1 --listen "$a1" --peer "h2=$a2" --duration 30 --shm '' \
   --json /tmp/clock-h1.json > "$TMP/h1.out" 2>&1 || { cat "$TMP/h1.out"; fail "shunt-probe on h1"; }
 wait $p2 || { cat "$TMP/h2.out"; fail "shunt-probe on h2"; }
 cat "$TMP/h1.out" "$TMP/h2.out"

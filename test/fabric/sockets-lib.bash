@@ -26,7 +26,7 @@ fab() { "$FAB" --name "$SF" "$@"; }
 sock_env() {  # I
   local i=$1
   mkdir -p "$TMP/run-h$i"
-  echo LD_PRELOAD="$LIB" SHUNT_RUN_DIR="$TMP/run-h$i" SHUNT_LOG_LEVEL=info \
+  echo LD_PRELOAD="$LIB" SHUNT_RUN_DIR="$TMP/run-h$i" SHUNT_LOG_LEVEL=info SHUNT_JOB_KEY="sockets-$SF" \
     SHUNT_PROBE_ADDRS="10.0.$i.2,10.1.$i.2" SHUNT_PROBE_NAME="h$i" \
     SHUNT_PEERS="h$((3 - i))=10.0.$((3 - i)).2,10.1.$((3 - i)).2"
 }

@@ -15,12 +15,14 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "clocksync/clock_shm.h"
 #include "clocksync/engine.h"
+#include "interpose/core/config.h"
 
 namespace shunt::clocksync {
 namespace {
@@ -685,6 +687,124 @@ TEST(ClocksyncEngine, SourcePathLivenessChangesMoveTheSegmentsCount) {
     EXPECT_EQ(a.rails_alive(), (Rails{{"b", {false}}}));
     a.stop();  // the segment goes with its engine; a new engine's is another one
     EXPECT_TRUE(rd.replaced(shm));
+  });
+}
+
+// Without SHUNT_JOB_KEY the engine has no key and does not start: every
+// engine without one used to sign with the key of an empty secret, which
+// anyone can derive and forge probes under. With one, it starts.
+TEST(ClocksyncEngine, DoesNotProbeWithoutAKey) {
+  SKIP_UNLESS_NETNS([] {
+    std::map<std::string, std::string> env{{"SHUNT_PROBE_ADDRS", "127.0.0.1"}, {"SHUNT_CLOCK_SHM", ""}};
+    auto from_env = [&](EngineConfig* ec) {
+      std::vector<ConfigError> errs;
+      std::vector<std::string> warns;
+      Config c = load_config(
+          [&](const char* n) -> const char* {
+            auto it = env.find(n);
+            return it == env.end() ? nullptr : it->second.c_str();
+          },
+          &errs, &warns, nullptr);
+      std::string err;
+      ASSERT_TRUE(errs.empty());
+      ASSERT_TRUE(engine_config_from(c, ec, nullptr, &err)) << err;
+    };
+    EngineConfig keyless, keyed;
+    from_env(&keyless);
+    EXPECT_EQ(keyless.key, Key{});
+    ProbeEngine e{keyless};
+    std::string err;
+    EXPECT_FALSE(e.start(&err));
+    EXPECT_NE(err.find("SHUNT_JOB_KEY"), std::string::npos) << err;
+    EXPECT_EQ(e.counters().sent, 0u);
+    env["SHUNT_JOB_KEY"] = "k";
+    from_env(&keyed);
+    EXPECT_EQ(keyed.key, derive_probe_key("k"));
+    ProbeEngine k{keyed};
+    EXPECT_TRUE(k.start(&err)) << err;
+  });
+}
+
+// Sends a coded pair as b to a (127.0.0.1) on rail 0, pair number `seq`,
+// under `key`, from the probe port of `from` (bound here; b's own address
+// only while b is stopped). It names no pair of a's: what a restarted b
+// sends before it has heard a, or a replay.
+void send_pair_as_b(const char* from, uint64_t seq, const Key& key) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in me{}, to{};
+  me.sin_family = to.sin_family = AF_INET;
+  me.sin_port = to.sin_port = htons(7471);
+  inet_pton(AF_INET, from, &me.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me), 0) << strerror(errno);
+  Probe pr;
+  pr.sender_id = node_id("b");
+  pr.receiver_id = node_id("a");
+  pr.seq = seq;
+  pr.tx_app_ns = TimeSource::kernel_now();
+  for (uint8_t idx = 0; idx < 2; idx++) {
+    pr.idx = idx;
+    std::array<uint8_t, kMaxProbeSize> buf;
+    size_t n = encode(pr, key, buf);
+    EXPECT_EQ(sendto(fd, buf.data(), n, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), ssize_t(n));
+  }
+  close(fd);
+}
+
+// A pair numbered 2^62 under the job's key (a restarted or confused peer)
+// does not move a's replay window: b's pairs, numbered far below it, are
+// still taken and the path lives on. A pair under the empty secret's key
+// is dropped as unauthenticated. Before, the 2^62 pair was taken and every
+// later pair of b's dropped as a replay: the path died within its dead
+// time and stayed dead while a ran.
+TEST(ClocksyncEngine, APairFarAheadDoesNotHoldThePath) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    const EngineCounters c0 = p.a.counters();
+    const uint64_t got = p.a.path("b", 0)->received;
+    send_pair_as_b("127.0.0.3", 1ull << 62, derive_probe_key("clocksync-engine-test"));
+    send_pair_as_b("127.0.0.3", (1ull << 62) + 1, derive_probe_key(""));
+    bool died = false;
+    for (int i = 0; i < 100; i++) {  // 1 s, four dead times
+      died |= !p.a.path("b", 0)->alive;
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_FALSE(died);
+    EXPECT_GE(p.a.path("b", 0)->received, got + 10);
+    const EngineCounters c = p.a.counters();
+    EXPECT_GE(c.dropped_replay - c0.dropped_replay, 2u);
+    EXPECT_EQ(c.dropped_auth - c0.dropped_auth, 2u);
+  });
+}
+
+// b restarts (its pair numbers start anew, at random) after a pair
+// numbered 2^62 came from b's address under the job's key: a takes the new
+// b's pairs within a few rounds (the new b proves it hears a by naming a's
+// pair in its feedback) and the path is alive again. Before, a dropped
+// every pair of the new b as a replay until a itself restarted.
+TEST(ClocksyncEngine, ARestartedPeerIsTakenAgainPromptly) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    p.b.stop();
+    send_pair_as_b("127.0.0.2", 1ull << 62, derive_probe_key("clocksync-engine-test"));
+    ASSERT_TRUE(eventually([&] { return !p.a.path("b", 0)->alive; }, 2s));
+    ProbeEngine b2{config("b", "127.0.0.2")};
+    b2.add_peer({"a", {"127.0.0.1"}});
+    std::string err;
+    ASSERT_TRUE(b2.start(&err)) << err;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(eventually([&] { return p.a.path("b", 0)->alive && b2.path("a", 0)->alive; }, 2s));
+    printf("alive again %lld ms after b restarted\n",
+           (long long)std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+    const uint64_t got = p.a.path("b", 0)->received;
+    std::this_thread::sleep_for(500ms);
+    EXPECT_GE(p.a.path("b", 0)->received, got + 6);
+    EXPECT_TRUE(p.a.path("b", 0)->alive);
   });
 }
 
