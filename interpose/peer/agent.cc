@@ -10,7 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
+#include "interpose/peer/control_server.h"
 #include "telemetry/event_log.h"
 #include "telemetry/stats_file.h"
 
@@ -32,10 +35,9 @@ void register_builtin_services();  // services.cc
 namespace {
 using nlohmann::json;
 
-struct Client {
-  int fd;
-  std::string buf;
-};
+// Nesting of a request (a report is about 8 deep): copying and writing out
+// a JSON value recurses once per level.
+constexpr int kMaxDepth = 64;
 
 struct State {
   std::mutex mu;  // registration and start
@@ -48,7 +50,7 @@ struct State {
   int lock_fd = -1, listen_fd = -1;
   std::atomic<bool> is_agent{false};
   json members = json::object();
-  std::vector<Client> clients;
+  peer::ControlServer server;
   int64_t started_ms = 0;
   // This process's reports: numbered, under the time it began reporting
   // (a later process with the same pid has another), and none but the
@@ -64,7 +66,7 @@ State& st() {
 
 // Takes the host lock without blocking; on success becomes the agent.
 bool try_lock(State& s) {
-  if (s.lock_fd < 0) s.lock_fd = open(s.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (s.lock_fd < 0) s.lock_fd = open(s.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (s.lock_fd < 0 || flock(s.lock_fd, LOCK_EX | LOCK_NB) != 0) return false;
   // We hold the lock, so any socket file left there is a dead agent's.
   unlink(s.sock_path.c_str());
@@ -78,8 +80,9 @@ bool try_lock(State& s) {
     flock(s.lock_fd, LOCK_UN);
     return false;
   }
-  chmod(s.sock_path.c_str(), 0666);  // reading needs no privilege; reports are checked by uid
+  chmod(s.sock_path.c_str(), 0600);  // this user's and root's alone (each client's uid is checked too)
   s.listen_fd = fd;
+  s.server.start(fd);
   s.is_agent.store(true);
   s.started_ms = mono_ms();
   log::info("host agent: serving {}", s.sock_path);
@@ -88,48 +91,108 @@ bool try_lock(State& s) {
   return true;
 }
 
-// A report goes into members(), then to the listeners (agent thread).
+// A report goes into members(), then to the listeners (agent thread). A
+// listener that throws is one listener's fault: the others still run.
 void stored(State& s, const std::string& pid, json snap) {
   json& at = s.members[pid];
   at = std::move(snap);
-  for (auto& l : s.report_listeners) l(pid, at);
+  for (auto& l : s.report_listeners) {
+    try {
+      l(pid, at);
+    } catch (const std::exception& e) {
+      log::once(LogLevel::warn, "agent-listener", std::string("host agent: a report listener failed: ") + e.what());
+    }
+  }
 }
 
-json handle(State& s, const json& req, uid_t peer_uid) {
+// Why a report is not taken ("" when it is): the fields that the agent,
+// its listeners and the metrics read must have their types, so a careless
+// sender's report cannot make them throw later.
+std::string report_problem(const json& req) {
+  auto has = [](const json& o, const char* k, bool (json::*is)() const noexcept) {
+    auto it = o.find(k);
+    return it == o.end() || ((*it).*is)();
+  };
+  auto pid = req.find("pid");
+  if (pid == req.end() || !pid->is_number_integer() || pid->get<int64_t>() < 1 || pid->get<int64_t>() > INT32_MAX)
+    return "a report needs a pid (a positive integer)";
+  auto snap = req.find("snapshot");
+  if (snap == req.end() || !snap->is_object()) return "a report needs a snapshot (an object)";
+  if (!has(req, "seq", &json::is_number_unsigned)) return "a report's seq is an unsigned integer";
+  if (!has(req, "born", &json::is_number_integer)) return "a report's born is an integer";
+  if (!has(req, "final", &json::is_boolean)) return "a report's final is true or false";
+  if (!has(*snap, "mode", &json::is_string)) return "a report's mode is a string";
+  if (!has(*snap, "verbs", &json::is_object)) return "a report's verbs is an object";
+  if (snap->contains("verbs") && !has((*snap)["verbs"], "qps", &json::is_array)) return "a report's verbs.qps is an array";
+  for (const char* list : {"sockets", "bundles"}) {
+    if (!has(*snap, list, &json::is_array)) return std::string("a report's ") + list + " is an array";
+    if (!snap->contains(list)) continue;
+    for (const auto& e : (*snap)[list])
+      if (!e.is_object()) return std::string("a report's ") + list + " are objects";
+  }
+  if (snap->contains("sockets"))
+    for (const auto& so : (*snap)["sockets"])
+      if (!has(so, "peer", &json::is_string) || !has(so, "local", &json::is_string) ||
+          !has(so, "open", &json::is_boolean) || !has(so, "upgraded", &json::is_boolean) ||
+          !has(so, "tx_bytes", &json::is_number_unsigned) || !has(so, "rx_bytes", &json::is_number_unsigned))
+        return "a report's socket has peer and local (strings), open and upgraded (true or false), "
+               "tx_bytes and rx_bytes (unsigned integers)";
+  return "";
+}
+
+json take_report(State& s, const json& req, uid_t peer_uid) {
+  if (peer_uid != 0 && peer_uid != geteuid()) return {{"error", "reports are taken from this user and root only"}};
+  if (std::string why = report_problem(req); !why.empty()) return {{"error", why}};
+  json snap = req["snapshot"];
+  const std::string pid = std::to_string(req["pid"].get<int64_t>());
+  // A process's periodic report and its last one (at exit) travel on two
+  // connections and may be read in either order: one overtaken by a later
+  // report of the same process is dropped (else an exited process showed
+  // as running again, e2e test 50, one run in three on a slow host).
+  const uint64_t seq = req.value("seq", uint64_t{0});
+  const int64_t born = req.value("born", int64_t{0});
+  if (auto it = s.members.find(pid); seq && it != s.members.end() && it->is_object()) {
+    auto b = it->find("born"), q = it->find("seq");
+    if (b != it->end() && b->is_number_integer() && b->get<int64_t>() == born && q != it->end() &&
+        q->is_number_unsigned() && q->get<uint64_t>() >= seq)
+      return {{"ok", true}, {"stale", true}};
+  }
+  snap["reported_ms"] = mono_ms();
+  snap["final"] = req.value("final", false);
+  snap["seq"] = seq;
+  snap["born"] = born;
+  stored(s, pid, std::move(snap));
+  return {{"ok", true}};
+}
+
+// One member in `status`: read field by field, each of the type it must
+// have or its default (the agent's own report is stored unchecked).
+json member_status(const std::string& pid, const json& m) {
+  auto get = [&m](const char* k) -> const json* {
+    auto it = m.is_object() ? m.find(k) : m.end();
+    return it == m.end() ? nullptr : &*it;
+  };
+  const json *mode = get("mode"), *verbs = get("verbs"), *sockets = get("sockets"), *fin = get("final"),
+             *at = get("reported_ms");
+  size_t qps = 0;
+  if (verbs && verbs->is_object())
+    if (auto q = verbs->find("qps"); q != verbs->end() && q->is_array()) qps = q->size();
+  return {{"pid", strtol(pid.c_str(), nullptr, 10)},
+          {"mode", mode && mode->is_string() ? mode->get<std::string>() : ""},
+          {"qps", qps},
+          {"sockets", sockets && sockets->is_array() ? sockets->size() : 0},
+          {"exited", fin && fin->is_boolean() && fin->get<bool>()},
+          {"report_age_ms", mono_ms() - (at && at->is_number_integer() ? at->get<int64_t>() : 0)}};
+}
+
+json handle_request(State& s, const json& req, uid_t peer_uid) {
   if (!req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
     return {{"error", "a request is an object with a string \"cmd\""}};
-  std::string cmd = req["cmd"];
-  if (cmd == "report") {
-    if (peer_uid != 0 && peer_uid != getuid()) return {{"error", "reports are taken from this user and root only"}};
-    if (!req.contains("pid") || !req["pid"].is_number_integer() || !req.contains("snapshot"))
-      return {{"error", "report needs pid and snapshot"}};
-    json snap = req["snapshot"];
-    const std::string pid = std::to_string(req["pid"].get<long>());
-    // A process's periodic report and its last one (at exit) travel on two
-    // connections and may be read in either order: one overtaken by a later
-    // report of the same process is dropped (else an exited process showed
-    // as running again, e2e test 50, one run in three on a slow host).
-    const uint64_t seq = req.value("seq", uint64_t{0});
-    const int64_t born = req.value("born", int64_t{0});
-    if (auto it = s.members.find(pid); seq && it != s.members.end() && it->value("born", int64_t{0}) == born &&
-                                       it->value("seq", uint64_t{0}) >= seq)
-      return {{"ok", true}, {"stale", true}};
-    snap["reported_ms"] = mono_ms();
-    snap["final"] = req.value("final", false);
-    snap["seq"] = seq;
-    snap["born"] = born;
-    stored(s, pid, std::move(snap));
-    return {{"ok", true}};
-  }
+  const std::string cmd = req["cmd"];
+  if (cmd == "report") return take_report(s, req, peer_uid);
   if (cmd == "status") {
     json m = json::array();
-    for (auto& [pid, snap] : s.members.items())
-      m.push_back({{"pid", std::stol(pid)},
-                   {"mode", snap.value("mode", "")},
-                   {"qps", snap.contains("verbs") ? snap["verbs"]["qps"].size() : 0},
-                   {"sockets", snap.contains("sockets") ? snap["sockets"].size() : 0},
-                   {"exited", snap.value("final", false)},
-                   {"report_age_ms", mono_ms() - snap.value("reported_ms", int64_t{0})}});
+    for (const auto& [pid, snap] : s.members.items()) m.push_back(member_status(pid, snap));
     json services = json::array();
     for (auto& svc : s.services) services.push_back(svc.name);
     return {{"agent_pid", getpid()}, {"version", SHUNT_VERSION}, {"run_dir", s.dir},
@@ -138,52 +201,58 @@ json handle(State& s, const json& req, uid_t peer_uid) {
   if (cmd == "members") return {{"members", s.members}};
   auto it = s.commands.find(cmd);
   if (it == s.commands.end()) return {{"error", "unknown command " + cmd}};
-  if (s.controls.count(cmd) && peer_uid != 0 && peer_uid != getuid())
+  if (s.controls.count(cmd) && peer_uid != 0 && peer_uid != geteuid())
     return {{"error", cmd + " is taken from this user and root only"}};
+  return it->second(req);
+}
+
+// Every request gets an answer: whatever a request or a command's handler
+// throws is the request's error, never the agent thread's end.
+json handle(State& s, const json& req, uid_t peer_uid) {
   try {
-    return it->second(req);
+    return handle_request(s, req, peer_uid);
   } catch (const std::exception& e) {
-    return {{"error", std::string(cmd) + ": " + e.what()}};
+    const std::string cmd = req.is_object() && req.contains("cmd") && req["cmd"].is_string() ? req["cmd"] : "";
+    return {{"error", cmd + (cmd.empty() ? "" : ": ") + e.what()}};
   }
 }
 
+// How deep a line's arrays and objects nest, outside its strings.
+int nesting(const std::string& line) {
+  int depth = 0, most = 0;
+  bool in_string = false, escaped = false;
+  for (char c : line) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if (c == ']' || c == '}') {
+      depth--;
+    }
+  }
+  return most;
+}
+
+// One request line (without its newline) to its answer line. A string
+// that is not UTF-8 is written with U+FFFD for its bad bytes: dump() would
+// throw.
+std::string answer(State& s, const std::string& line, uid_t peer_uid) {
+  json ans;
+  if (nesting(line) > kMaxDepth) {
+    ans = {{"error", "a request nests deeper than " + std::to_string(kMaxDepth) + " levels"}};
+  } else {
+    json req = json::parse(line, nullptr, false);
+    ans = req.is_discarded() ? json{{"error", "malformed JSON"}} : handle(s, req, peer_uid);
+  }
+  return ans.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
 void serve(State& s, int timeout_ms) {
-  std::vector<pollfd> fds{{s.listen_fd, POLLIN, 0}};
-  for (auto& c : s.clients) fds.push_back({c.fd, POLLIN, 0});
-  if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
-  if (fds[0].revents & POLLIN) {
-    for (int c; (c = ::accept4(s.listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;)
-      if (s.clients.size() < 256) s.clients.push_back({c, ""});
-      else ::close(c);
-  }
-  for (size_t i = 1; i < fds.size(); i++) {
-    if (!fds[i].revents) continue;
-    Client& c = s.clients[i - 1];
-    char buf[65536];
-    ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-    bool drop = r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR);
-    if (r > 0) c.buf.append(buf, static_cast<size_t>(r));
-    size_t nl;
-    while (!drop && (nl = c.buf.find('\n')) != std::string::npos) {
-      std::string line = c.buf.substr(0, nl);
-      c.buf.erase(0, nl + 1);
-      ucred cred{};
-      socklen_t cl = sizeof cred;
-      getsockopt(c.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
-      json req = json::parse(line, nullptr, false);
-      json ans = req.is_discarded() ? json{{"error", "malformed JSON"}} : handle(s, req, cred.uid);
-      drop = !peer::write_all(c.fd, ans.dump() + "\n", 1000);
-    }
-    if (c.buf.size() > peer::kMaxLine) {
-      log::warn("host agent: dropped a client sending a line over {} bytes", peer::kMaxLine);
-      drop = true;
-    }
-    if (drop) {
-      ::close(c.fd);
-      c.fd = -1;
-    }
-  }
-  std::erase_if(s.clients, [](const Client& c) { return c.fd < 0; });
+  s.server.serve(timeout_ms, [&s](const std::string& line, uid_t uid) { return answer(s, line, uid); });
 }
 
 void report(State& s, bool final) {
@@ -213,26 +282,32 @@ void run() {
   int64_t interval = config().num(Param::report_interval_ms);
   int64_t next_try = 0, next_report = 0;
   for (;;) {
-    int64_t now = mono_ms();
-    if (!s.is_agent.load() && now >= next_try) {
-      try_lock(s);
-      next_try = now + 500;
+    // Nothing thrown here may end the thread (that would end the process).
+    try {
+      int64_t now = mono_ms();
+      if (!s.is_agent.load() && now >= next_try) {
+        next_try = now + 500;
+        try_lock(s);
+      }
+      if (now >= next_report) {
+        next_report = now + interval;
+        report(s, false);
+      }
+      // Until the next report, and the next try for the lock while another
+      // process holds it (an agent's next_try stays in the past: counting it
+      // made this loop wake every millisecond, a fifth of a one-CPU guest).
+      // The agent sleeps in poll() until then: a client's connection or
+      // request wakes it. (It woke every 100 ms regardless.)
+      int64_t due = s.is_agent.load() ? next_report : std::min(next_report, next_try);
+      int wait = static_cast<int>(std::max<int64_t>(1, due - mono_ms()));
+      if (s.is_agent.load())
+        serve(s, wait);
+      else
+        poll(nullptr, 0, std::min(wait, 500));
+    } catch (const std::exception& e) {
+      log::once(LogLevel::warn, "agent-loop", std::string("host agent: ") + e.what());
+      poll(nullptr, 0, 100);
     }
-    if (now >= next_report) {
-      report(s, false);
-      next_report = now + interval;
-    }
-    // Until the next report, and the next try for the lock while another
-    // process holds it (an agent's next_try stays in the past: counting it
-    // made this loop wake every millisecond, a fifth of a one-CPU guest).
-    // The agent sleeps in poll() until then: a client's connection or
-    // request wakes it. (It woke every 100 ms regardless.)
-    int64_t due = s.is_agent.load() ? next_report : std::min(next_report, next_try);
-    int wait = static_cast<int>(std::max<int64_t>(1, due - mono_ms()));
-    if (s.is_agent.load())
-      serve(s, wait);
-    else
-      poll(nullptr, 0, std::min(wait, 500));
   }
 }
 
@@ -251,8 +326,7 @@ void after_fork_child() {
   State& s = st();
   if (s.lock_fd >= 0) ::close(s.lock_fd);
   if (s.listen_fd >= 0) ::close(s.listen_fd);
-  for (auto& c : s.clients) ::close(c.fd);
-  s.clients.clear();
+  s.server.forget();
   s.report_seq = 0;
   s.born_ns = mono_ns();  // the child's reports are its own, under the parent's pid no more
   s.lock_fd = s.listen_fd = -1;
@@ -287,9 +361,11 @@ void ensure_started() {
   if (s.started.load()) return;
   s.started.store(true, std::memory_order_release);
   ReentryGuard g;
-  s.dir = peer::run_dir(config().str(Param::run_dir));
+  std::string refused;
+  s.dir = peer::run_dir(config().str(Param::run_dir), &refused);
+  if (!refused.empty()) log::once(LogLevel::warn, "run-dir-refused", "host agent: " + refused);
   if (s.dir.empty()) {
-    log::once(LogLevel::warn, "run-dir", "no usable run directory (SHUNT_RUN_DIR): no host agent");
+    if (refused.empty()) log::once(LogLevel::warn, "run-dir", "no usable run directory (SHUNT_RUN_DIR): no host agent");
     return;
   }
   s.sock_path = s.dir + "/agent.sock";
@@ -299,6 +375,8 @@ void ensure_started() {
 }
 
 bool is_host_agent() { return st().is_agent.load(); }
+std::string control_answer_for_test(const std::string& line, unsigned uid) { return answer(st(), line, uid); }
+void store_report_for_test(const std::string& pid, json report) { stored(st(), pid, std::move(report)); }
 std::string socket_path() { return st().sock_path; }
 
 void register_command(const std::string& name, Handler h, Access access) {

@@ -19,10 +19,11 @@ bool is_host_agent();
 std::string socket_path();  // the control socket in force ("" when none)
 
 // A command the host agent serves on its control socket. The handler runs
-// on the agent thread: keep it short. Register before ensure_started().
-// Anyone may read (the socket is open to every user); a control command,
-// one that changes what the agent does, is taken from the agent's user and
-// root only.
+// on the agent thread: keep it short; what it throws is the request's
+// error. Register before ensure_started(). The socket serves the agent's
+// user and root only (its directory and the socket are theirs alone, and
+// each client's uid is checked); a control command, one that changes what
+// the agent does, is refused to any other uid all the same.
 using Handler = std::function<nlohmann::json(const nlohmann::json& request)>;
 enum class Access { read, control };
 void register_command(const std::string& name, Handler h, Access access = Access::read);
@@ -44,5 +45,11 @@ const nlohmann::json& members();
 // Keep it short. Register before ensure_started().
 using ReportListener = std::function<void(const std::string& pid, const nlohmann::json& report)>;
 void on_report(ReportListener l);
+
+// Unit tests: the answer line (with its newline) that the control socket
+// gives `line` from a client of `uid`, on this process's agent state; and
+// a report stored as the agent stores its own (unchecked).
+std::string control_answer_for_test(const std::string& line, unsigned uid);
+void store_report_for_test(const std::string& pid, nlohmann::json report);
 
 }  // namespace shunt::agent

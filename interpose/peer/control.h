@@ -10,6 +10,8 @@
 namespace shunt::peer {
 
 // Lines longer than this are a protocol error (the connection is dropped).
+// An answer (members, telemetry: every process's report) may be this long;
+// the agent takes shorter requests (ControlServer::kMaxRequestLine).
 constexpr size_t kMaxLine = 8 << 20;
 
 // Connects to the socket at `path`, sends `req`, returns the answer, or
@@ -21,14 +23,23 @@ std::optional<nlohmann::json> request(const std::string& path, const nlohmann::j
 bool read_line(int fd, std::string* line, int timeout_ms);
 bool write_all(int fd, const std::string& data, int timeout_ms);
 
-// The run directory in force (SHUNT_RUN_DIR, else /run/shunt when usable,
-// else /tmp/shunt-UID); created if missing. Empty on failure.
-std::string run_dir(const std::string& configured);
+// Whether `dir` is this user's alone: a directory (not a symbolic link)
+// owned by the effective uid that neither its group nor others may write.
+// Else false, with `why` saying what is wrong ("owned by uid 65534").
+bool private_dir(const std::string& dir, std::string* why);
 
-// Where a reader (shuntctl) finds the agent's socket: SHUNT_RUN_DIR as
-// given, else /run/shunt where an agent listens there or the caller could
-// have made one, else /tmp/shunt-UID. Nothing is created and the directory
-// need not be writable: the socket is open to every user.
-std::string agent_dir(const std::string& configured);
+// The run directory in force, created (0700) if missing: SHUNT_RUN_DIR,
+// else /run/shunt where it is this user's (root's, as a rule), else
+// /tmp/shunt-UID. One that is not private_dir() (another user made it, or
+// may write it) is refused, with a line in `refused`, and
+// $XDG_RUNTIME_DIR/shunt is used instead where XDG_RUNTIME_DIR is private.
+// Every process of the user decides alike, so they meet in the same one.
+// Empty when none is usable.
+std::string run_dir(const std::string& configured, std::string* refused = nullptr);
+
+// Where a reader (shuntctl) finds the agent's socket: the directory that
+// run_dir() decides on, nothing created. Where none is usable, the first
+// candidate (for the reader's message); `refused` as in run_dir().
+std::string agent_dir(const std::string& configured, std::string* refused = nullptr);
 
 }  // namespace shunt::peer

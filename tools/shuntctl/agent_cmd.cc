@@ -45,11 +45,13 @@ void print_peers(std::ostream& out, const json& a) {
 // reason on stderr.
 std::optional<json> ask_agent(const json& req, int* rc) {
   const char* rd = getenv("SHUNT_RUN_DIR");
-  std::string dir = peer::agent_dir(rd ? rd : "");
+  std::string refused;
+  std::string dir = peer::agent_dir(rd ? rd : "", &refused);
   std::string err;
   auto ans = peer::request(dir + "/agent.sock", req, 3000, &err);
   if (!ans) {
     std::cerr << "shuntctl: " << err << " (is a shunt job running on this host? SHUNT_RUN_DIR=" << dir << ")\n";
+    if (!refused.empty()) std::cerr << "shuntctl: " << refused << "\n";
     *rc = 2;
     return std::nullopt;
   }

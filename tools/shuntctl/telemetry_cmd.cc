@@ -26,12 +26,14 @@ using telemetry::HostView;
 
 std::optional<json> ask(bool quiet = false) {
   const char* rd = getenv("SHUNT_RUN_DIR");
-  std::string dir = peer::agent_dir(rd ? rd : "");
+  std::string refused;
+  std::string dir = peer::agent_dir(rd ? rd : "", &refused);
   std::string err;
   auto ans = peer::request(dir + "/agent.sock", {{"cmd", "telemetry"}}, 3000, &err);
   if (!ans && quiet) return std::nullopt;
   if (!ans) {
     std::cerr << "shuntctl: " << err << " (is a shunt job running on this host? SHUNT_RUN_DIR=" << dir << ")\n";
+    if (!refused.empty()) std::cerr << "shuntctl: " << refused << "\n";
     return std::nullopt;
   }
   if (ans->contains("error")) {
