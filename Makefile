@@ -105,9 +105,10 @@ $(BUILD)/bin/%: $$(subst .cc,.o,$$(addprefix $(BUILD)/obj/,$$(wildcard tools/$$*
 	$(CXX) $(SAN) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
 	  $(TOOL_LIBS_$*) $(LIB_LIBS)
 
-$(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/%
+# Scripts get the version written in (their --version).
+$(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/% VERSION
 	@mkdir -p $(dir $@)
-	install -m 0755 $< $@
+	sed 's/@SHUNT_VERSION@/$(shell cat VERSION)/g' $< > $@.tmp && chmod 0755 $@.tmp && mv $@.tmp $@
 
 $(BUILD)/man/%: man/%.in $(BUILD)/bin/shuntctl
 	@mkdir -p $(dir $@)

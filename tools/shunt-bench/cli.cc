@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "tools/common/cli_exit.h"
 #include "tools/shunt-bench/plot.h"
 
 namespace bench {
@@ -64,7 +65,7 @@ void world_from_environment(Options* o) {
 
 int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioArgs* s, Command* cmd) {
   CLI::App app{"shunt-bench: all-to-all, allreduce and send/recv benchmark over RDMA verbs or TCP"};
-  app.set_version_flag("--version", SHUNT_VERSION);
+  app.set_version_flag("--version", std::string("shunt-bench ") + SHUNT_VERSION);
   app.require_subcommand(0, 1);
   // A repeated option takes its last value (wrappers append overrides).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -148,11 +149,7 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   scen->allow_extras();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = shunt::cli::parse(app, argc, argv); rc >= 0) return rc;
   o->check = check != 0;
   if (!o->stop_file.empty() && o->duration_s <= 0) {
     fprintf(stderr, "shunt-bench: --stop-file needs --duration (the most the run lasts)\n");
