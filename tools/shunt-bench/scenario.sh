@@ -75,7 +75,7 @@ fabric=$here/shunt-fabric
 if [ -n "${SHUNT_ROOT:-}${BUILD:-}" ]; then
   root=${SHUNT_ROOT:-$(cd "$here/../.." && pwd)}
   [ -x "$fabric" ] || fabric=$root/tools/shunt-fabric
-  shim=$root/${BUILD:-build}/lib/libshunt.so
+  case ${BUILD:-build} in /*) shim=$BUILD/lib/libshunt.so ;; *) shim=$root/${BUILD:-build}/lib/libshunt.so ;; esac
 else
   shim=$here/../lib/libshunt.so
   [ -f "$shim" ] || shim=$here/../lib/shunt/libshunt.so
