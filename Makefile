@@ -105,9 +105,10 @@ $(BUILD)/bin/%: $$(subst .cc,.o,$$(addprefix $(BUILD)/obj/,$$(wildcard tools/$$*
 	$(CXX) $(SAN) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
 	  $(TOOL_LIBS_$*) $(LIB_LIBS)
 
-$(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/%
+# Scripts get the version written in (their --version).
+$(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/% VERSION
 	@mkdir -p $(dir $@)
-	install -m 0755 $< $@
+	sed 's/@SHUNT_VERSION@/$(shell cat VERSION)/g' $< > $@.tmp && chmod 0755 $@.tmp && mv $@.tmp $@
 
 $(BUILD)/man/%: man/%.in $(BUILD)/bin/shuntctl
 	@mkdir -p $(dir $@)
@@ -179,6 +180,8 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/shunt $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(SHUNT_SO) $(DESTDIR)$(PREFIX)/lib/shunt/libshunt.so
 	for b in $(TOOL_BINS) $(TOOL_SCRIPTS); do install -m 0755 $$b $(DESTDIR)$(PREFIX)/bin/; done
+	install -d $(DESTDIR)$(PREFIX)/share/shunt/tools/guest  # shunt-fabric's guest (PREFIX/share/shunt)
+	install -m 0755 tools/guest/* $(DESTDIR)$(PREFIX)/share/shunt/tools/guest/
 	for p in $(MAN_STATIC) $(MAN_GEN); do s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s; \
 	  install -m 0644 $$p $(DESTDIR)$(PREFIX)/share/man/man$$s/; done
 

@@ -49,10 +49,10 @@ PY
   local r pids=()
   for r in 1 2 3; do
     "${pre[@]}" "${env[@]}" timeout 120 "$BENCH" --rank $r --world 4 --bootstrap 127.0.0.1:$port \
-      --transport tcp -b 1M -e 16M -f 2 -n 20 -w 5 > "$WORK/r$r.log" 2>&1 & pids+=($!)
+      --transport tcp -b 1M -e 16M -f 2 -n 20 -w 5 -c 0 > "$WORK/r$r.log" 2>&1 & pids+=($!)
   done
   "${pre[@]}" "${env[@]}" timeout 120 "$BENCH" --rank 0 --world 4 --bootstrap 127.0.0.1:$port \
-    --transport tcp -b 1M -e 16M -f 2 -n 20 -w 5 > "$WORK/r0.log" 2>&1
+    --transport tcp -b 1M -e 16M -f 2 -n 20 -w 5 -c 0 > "$WORK/r0.log" 2>&1
   for p in "${pids[@]}"; do wait "$p"; done
   [ -n "$scraper" ] && kill "$scraper" 2>/dev/null
   sed -n 's/^# Avg bus bandwidth *: *//p' "$WORK/r0.log"

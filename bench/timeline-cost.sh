@@ -34,11 +34,11 @@ one_run() {
   local p r; p=$(port)
   pids=()
   for ((r = 1; r < ranks; r++)); do
-    timeout 60 "$bench" --rank $r --world $ranks --bootstrap 127.0.0.1:$p -b "$size" -e "$size" -w 20 \
+    timeout 60 "$bench" --rank $r --world $ranks --bootstrap 127.0.0.1:$p -b "$size" -e "$size" -w 20 -c 0 \
       --duration "$secs" "$@" >/dev/null 2>&1 &
     pids+=($!)
   done
-  timeout 60 "$bench" --rank 0 --world $ranks --bootstrap 127.0.0.1:$p -b "$size" -e "$size" -w 20 \
+  timeout 60 "$bench" --rank 0 --world $ranks --bootstrap 127.0.0.1:$p -b "$size" -e "$size" -w 20 -c 0 \
     --duration "$secs" -q -J "$json" "$@" >/dev/null 2>&1 || { echo "timeline-cost: run failed" >&2; exit 2; }
   for r in "${pids[@]}"; do wait "$r"; done
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); t=j.get("timeline")

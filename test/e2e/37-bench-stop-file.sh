@@ -31,5 +31,5 @@ expect_wrong "$WORK/full.out" 0
 
 "$BENCH" --stop-file "$stop" >/dev/null 2>"$WORK/usage.err"; rc=$?
 cat "$WORK/usage.err"
-[ $rc = 2 ] && grep -q -- "--stop-file needs --duration" "$WORK/usage.err" || fail "--stop-file without --duration: exit $rc"
+[ $rc = 64 ] && grep -q -- "--stop-file needs --duration" "$WORK/usage.err" || fail "--stop-file without --duration: exit $rc"
 echo ok

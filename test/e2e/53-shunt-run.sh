@@ -33,7 +33,7 @@ key=$("$RUN" /usr/bin/python3 -c 'import os; print(os.environ["SHUNT_JOB_KEY"])'
 [[ $key =~ ^[0-9a-f]{64}$ ]] || fail "made job key '$key'"
 expect_eq "$(SHUNT_JOB_KEY=k1 "$RUN" /usr/bin/python3 -c 'import os; print(os.environ["SHUNT_JOB_KEY"])')" k1 "job key kept when set"
 "$RUN" /bin/sh -c 'exit 7'; expect_eq $? 7 "exit status passed through"
-"$RUN" 2>/dev/null; expect_eq $? 2 "no command: usage error"
+"$RUN" 2>/dev/null; expect_eq $? 64 "no command: usage error"
 
 # Plain: the preload is live, the pair's bytes counted exactly.
 port=$(free_port)

@@ -49,12 +49,13 @@ ns_prefix() {
 # The table rows (lines not starting with #).
 rows() { grep -v '^#' "$1" | grep -v '^[[:space:]]*$'; }
 
-# Every row has 9 columns and #wrong equal to $2.
+# Every row has 13 columns (out-of-place and in-place groups) and the
+# out-of-place #wrong equal to $2.
 expect_wrong() {
   local f=$1 want=$2
   local n; n=$(rows "$f" | wc -l)
   [ "$n" -gt 0 ] || fail "no result rows in $f"
-  rows "$f" | awk -v w="$want" 'NF != 9 || $9 != w { print "bad row: " $0; bad = 1 } END { exit bad }' ||
+  rows "$f" | awk -v w="$want" 'NF != 13 || $9 != w { print "bad row: " $0; bad = 1 } END { exit bad }' ||
     fail "rows of $f do not all have #wrong $want"
 }
 

@@ -78,8 +78,8 @@ for verb in write_imm send; do
   done
   out=$TMP/$tag.rank0.out  # rank 0 prints the results
   grep -qE "^# Errors seen +: 0$" "$out" || { cat "$out"; fail "$verb: errors seen"; }
-  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 9' "$out" | wc -l)
-  awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
+  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13' "$out" | wc -l)
+  awk '$1 ~ /^[0-9]+$/ && NF >= 13 && $9 != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
     { cat "$out"; fail "$verb: #wrong is not 0 (or no result)"; }
   [ "$(cat $TMP/$tag.rc)" = 0 ] || { cat "$TMP/$tag.rank0.out"; fail "$verb: the job failed with libshunt"; }
   fab exec h1 -- cat /tmp/$tag-stats.json > "$TMP/s0.json"

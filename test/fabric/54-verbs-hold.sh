@@ -55,7 +55,7 @@ run() {
 survived() {
   [ "$(cat "$TMP/$1.rc")" = 0 ] || { cat "$TMP/$1.rank0.out" "$TMP/$1.rank1.out"; fail "the job did not survive $2"; }
   grep -qE "^# Errors seen +: 0$" "$TMP/$1.rank0.out" || { cat "$TMP/$1.rank0.out"; fail "$1: errors seen"; }
-  awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$TMP/$1.rank0.out" ||
+  awk '$1 ~ /^[0-9]+$/ && NF >= 13 && $9 != 0 { bad = 1 } END { exit bad }' "$TMP/$1.rank0.out" ||
     fail "$1: #wrong is not 0"
 }
 

@@ -71,8 +71,8 @@ for r in 0 1; do
 done
 out=$TMP/stall.rank0.out
 grep -qE "^# Errors seen +: 0$" "$out" || { cat "$out"; fail "errors seen"; }
-rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 9' "$out" | wc -l)
-awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
+rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13' "$out" | wc -l)
+awk '$1 ~ /^[0-9]+$/ && NF >= 13 && $9 != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
   { cat "$out"; fail "#wrong is not 0 (or no result)"; }
 [ "$(cat $TMP/stall.rc)" = 0 ] || { cat "$TMP/stall.rank0.out" "$TMP/stall.rank1.out"; fail "the job failed with libshunt"; }
 grep -qh "stalled: nothing completed while the device retransmitted" "$TMP"/stall.rank*.out ||

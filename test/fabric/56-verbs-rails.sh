@@ -60,8 +60,8 @@ ok_run() {  # TAG: survived with no error and #wrong 0
   done
   [ "$(cat $TMP/$1.rc)" = 0 ] || { cat "$TMP/$1.rank0.out" "$TMP/$1.rank1.out"; fail "$1: the job failed"; }
   grep -qE "^# Errors seen +: 0$" "$out" || { cat "$out"; fail "$1: errors seen"; }
-  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 9' "$out" | wc -l)
-  awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $NF != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
+  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13' "$out" | wc -l)
+  awk '$1 ~ /^[0-9]+$/ && NF >= 13 && $9 != 0 { bad = 1 } END { exit bad }' "$out" && [ "$rows" -ge 1 ] ||
     { cat "$out"; fail "$1: #wrong is not 0 (or no result)"; }
 }
 

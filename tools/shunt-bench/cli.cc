@@ -1,9 +1,12 @@
 #include "tools/shunt-bench/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 
+#include "tools/common/cli_exit.h"
 #include "tools/shunt-bench/plot.h"
 
 namespace bench {
@@ -46,33 +49,66 @@ CLI::Option* bytes_option(CLI::App& app, const std::string& name, size_t* out, c
       ->type_name("BYTES");
 }
 
-// mpirun (Open MPI, or any PMI launcher) tells each process its place.
-void world_from_environment(Options* o) {
-  auto env_int = [](const char* a, const char* b) {
-    const char* v = getenv(a);
-    if (!v) v = getenv(b);
-    return v ? atoi(v) : -1;
+// A name from a fixed set. Unlike CLI11's CheckedTransformer, which also
+// takes the enum's number, `-p 1` (nccl-tests' parallel-init flag) is refused
+// rather than read as the second pattern.
+template <class E>
+CLI::Option* name_option(CLI::App& app, const std::string& flags, E* out, const std::map<std::string, E>& names,
+                         const std::string& help) {
+  return app.add_option_function<std::string>(
+                flags,
+                [out, names, flags](const std::string& s) {
+                  auto it = names.find(s);
+                  if (it != names.end()) return void(*out = it->second);
+                  std::string all;
+                  for (const auto& [n, v] : names) all += (all.empty() ? "" : ", ") + n;
+                  throw CLI::ValidationError(flags, "'" + s + "' is not one of " + all);
+                },
+                help)
+      ->type_name("NAME");
+}
+
+// The launcher tells each process its place: mpirun (Open MPI, or any PMI
+// launcher) or Slurm's srun. An explicit --rank/--world wins; a --world that
+// contradicts the launcher's size is refused rather than run as another job.
+int world_from_environment(Options* o) {
+  auto env_int = [](std::initializer_list<const char*> names, const char** which) {
+    for (const char* n : names)
+      if (const char* v = getenv(n)) {
+        *which = n;
+        return atoi(v);
+      }
+    return -1;
   };
-  if (o->rank < 0) o->rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK");
-  if (o->world < 0) o->world = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
+  const char *rank_var = nullptr, *size_var = nullptr;
+  int rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &rank_var);
+  int size = env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, &size_var);
+  if (size > 0 && o->world > 0 && size != o->world) {
+    fprintf(stderr, "shunt-bench: --world %d, but the launcher started %d ranks (%s=%d)\n", o->world, size,
+            size_var, size);
+    return shunt::cli::kExitUsage;
+  }
+  if (o->rank < 0) o->rank = rank;
+  if (o->world < 0) o->world = size;
   if (o->bootstrap.empty())
     if (const char* v = getenv("SHUNT_BENCH_BOOTSTRAP")) o->bootstrap = v;
   if (o->rank < 0 && o->world < 0) o->rank = 0, o->world = 1;
+  return -1;
 }
 
 }  // namespace
 
 int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioArgs* s, Command* cmd) {
   CLI::App app{"shunt-bench: all-to-all, allreduce and send/recv benchmark over RDMA verbs or TCP"};
-  app.set_version_flag("--version", SHUNT_VERSION);
+  app.set_version_flag("--version", std::string("shunt-bench ") + SHUNT_VERSION);
   app.require_subcommand(0, 1);
   // A repeated option takes its last value (wrappers append overrides).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // world
-  app.add_option("--rank", o->rank, "this process's rank (default: OMPI_COMM_WORLD_RANK or PMI_RANK)")
+  app.add_option("--rank", o->rank, "this process's rank (default: OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--world", o->world, "number of ranks (default: OMPI_COMM_WORLD_SIZE or PMI_SIZE)")
+  app.add_option("--world", o->world, "number of ranks (default: OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS)")
       ->check(CLI::PositiveNumber);
   app.add_option("--bootstrap", o->bootstrap, "HOST:PORT that rank 0 listens on (default: SHUNT_BENCH_BOOTSTRAP)");
   app.add_option("--connect-timeout", o->connect_timeout_s, "seconds to wait for the other ranks")
@@ -81,9 +117,8 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   // transport
   std::map<std::string, TransportKind> transports{{"tcp", TransportKind::tcp}, {"verbs", TransportKind::verbs}};
   std::map<std::string, Verb> verbs{{"write_imm", Verb::write_imm}, {"send", Verb::send}};
-  app.add_option("--transport", o->transport, "tcp or verbs")->transform(CLI::CheckedTransformer(transports));
-  app.add_option("--verb", o->verb, "verbs: write_imm (RDMA WRITE with immediate) or send (SEND/RECV)")
-      ->transform(CLI::CheckedTransformer(verbs));
+  name_option(app, "--transport", &o->transport, transports, "tcp or verbs");
+  name_option(app, "--verb", &o->verb, verbs, "verbs: write_imm (RDMA WRITE with immediate) or send (SEND/RECV)");
   app.add_option("--addr", o->addr, "tcp: local address to listen on (default: the one that reaches rank 0)");
   app.add_option("-d,--ib-dev", o->device, "verbs: RDMA device (default: the first)");
   app.add_option("-i,--ib-port", o->ib_port, "verbs: port number")->check(CLI::Range(1, 255));
@@ -97,15 +132,14 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
   // workload
   std::map<std::string, Pattern> patterns{
       {"alltoall", Pattern::alltoall}, {"allreduce", Pattern::allreduce}, {"sendrecv", Pattern::sendrecv}};
-  app.add_option("-p,--pattern", o->pattern, "alltoall, allreduce (ring) or sendrecv")
-      ->transform(CLI::CheckedTransformer(patterns));
+  name_option(app, "-p,--pattern", &o->pattern, patterns, "alltoall, allreduce (ring) or sendrecv");
   bytes_option(app, "-b,--minbytes", &o->min_bytes, "smallest size (default 1M)");
   bytes_option(app, "-e,--maxbytes", &o->max_bytes, "largest size (default 64M)");
   app.add_option("-f,--stepfactor", o->factor, "multiply the size by this between steps")->check(CLI::PositiveNumber);
   app.add_option("-n,--iters", o->iters, "timed iterations per size")->check(CLI::PositiveNumber);
   app.add_option("-w,--warmup_iters", o->warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
-  int check = 0;
-  app.add_option("-c,--check", check, "1: fill and verify every byte, count #wrong");
+  int check = 1;  // nccl-tests' default
+  app.add_option("-c,--check", check, "1 (default): fill and verify every byte, count #wrong; 0: do not");
   app.add_option("-J,--output_file", o->json_file, "write results as JSON to FILE");
   app.add_option("--duration", o->duration_s, "run each size this many seconds instead of -n iterations")
       ->check(CLI::NonNegativeNumber);
@@ -148,21 +182,17 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   scen->allow_extras();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = shunt::cli::parse(app, argc, argv); rc >= 0) return rc;
   o->check = check != 0;
   if (!o->stop_file.empty() && o->duration_s <= 0) {
     fprintf(stderr, "shunt-bench: --stop-file needs --duration (the most the run lasts)\n");
-    return 2;
+    return shunt::cli::kExitUsage;
   }
   for (const auto& m : marks) o->marks.push_back(parse_mark(m));
   *cmd = plot->parsed() ? Command::plot : scen->parsed() ? Command::scenario : Command::bench;
   if (*cmd == Command::scenario)
     for (const auto& x : scen->remaining()) s->passthrough.push_back(x);
-  if (*cmd == Command::bench) world_from_environment(o);
+  if (*cmd == Command::bench) return world_from_environment(o);
   return -1;
 }
 

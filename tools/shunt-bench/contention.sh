@@ -66,10 +66,17 @@ while [ $# -gt 0 ]; do
 done
 here=$(cd "$(dirname "$0")" && pwd)
 bench=${SHUNT_BENCH:-$here/shunt-bench}
-root=${SHUNT_ROOT:-$(cd "$here/../.." && pwd)}
 fabric=$here/shunt-fabric
-[ -x "$fabric" ] || fabric=$root/tools/shunt-fabric
-case ${BUILD:-build} in /*) shim=$BUILD/lib/libshunt.so ;; *) shim=$root/${BUILD:-build}/lib/libshunt.so ;; esac
+# libshunt beside this script (build tree or PREFIX/lib/shunt), or in the
+# build that SHUNT_ROOT or BUILD name
+if [ -n "${SHUNT_ROOT:-}${BUILD:-}" ]; then
+  root=${SHUNT_ROOT:-$(cd "$here/../.." && pwd)}
+  [ -x "$fabric" ] || fabric=$root/tools/shunt-fabric
+  case ${BUILD:-build} in /*) shim=$BUILD/lib/libshunt.so ;; *) shim=$root/${BUILD:-build}/lib/libshunt.so ;; esac
+else
+  shim=$here/../lib/libshunt.so
+  [ -f "$shim" ] || shim=$here/../lib/shunt/libshunt.so
+fi
 [ -x "$fabric" ] || { echo "shunt-bench-contention: shunt-fabric not found"; exit 77; }
 [ -x "$bench" ] || { echo "shunt-bench-contention: $bench not built"; exit 77; }
 [ -f "$shim" ] || { echo "shunt-bench-contention: $shim not built (make)"; exit 77; }

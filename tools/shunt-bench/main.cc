@@ -138,9 +138,9 @@ int main(int argc, char** argv) {
   ScenarioArgs s;
   Command cmd = Command::bench;
   try {
-    // Everything after `scenario` belongs to the scenario script.
-    if (argc > 1 && std::string(argv[1]) == "scenario" && argc > 2 && argv[2][0] != '-') {
-      s.name = argv[2];
+    // Everything after `scenario` belongs to the scenario script (--help too).
+    if (argc > 1 && std::string(argv[1]) == "scenario") {
+      if (argc > 2) s.name = argv[2];
       for (int i = 3; i < argc; i++) s.passthrough.push_back(argv[i]);
       return run_scenario(argv[0], s);
     }

@@ -66,8 +66,27 @@ if [ "$name" = contention ]; then
   shift
   exec "$(dirname "$0")/shunt-bench-contention" "$@"
 fi
+# The tools next to this script: a build tree's build/bin (libshunt in
+# build/lib) or PREFIX/bin (libshunt in PREFIX/lib/shunt); SHUNT_ROOT or
+# BUILD name a checkout's build instead.
+here=$(cd "$(dirname "$0")" && pwd)
+bench=${SHUNT_BENCH:-$here/shunt-bench}
+fabric=$here/shunt-fabric
+if [ -n "${SHUNT_ROOT:-}${BUILD:-}" ]; then
+  root=${SHUNT_ROOT:-$(cd "$here/../.." && pwd)}
+  [ -x "$fabric" ] || fabric=$root/tools/shunt-fabric
+  case ${BUILD:-build} in /*) shim=$BUILD/lib/libshunt.so ;; *) shim=$root/${BUILD:-build}/lib/libshunt.so ;; esac
+else
+  shim=$here/../lib/libshunt.so
+  [ -f "$shim" ] || shim=$here/../lib/shunt/libshunt.so
+fi
+usage() {
+  sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'
+  echo "Uses: $bench, $fabric, $shim"
+}
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
-  *) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;; esac
+  -h|--help) usage; exit 0 ;;
+  *) usage; exit 64 ;; esac
 # libshunt's settings in the caller's environment (SHUNT_*, not the
 # fabric's own SHUNT_FABRIC_* nor the tools' SHUNT_BENCH*, SHUNT_ROOT) go
 # to the run with libshunt in the guests (libshunt warns of unknown ones)
@@ -111,12 +130,6 @@ case $client in
   *) echo "shunt-bench-scenario: --client: alltoall, sendrecv, ib_write_bw, ib_send_bw or fi_pingpong, not $client" >&2; exit 64 ;;
 esac
 
-here=$(cd "$(dirname "$0")" && pwd)
-bench=${SHUNT_BENCH:-$here/shunt-bench}
-root=${SHUNT_ROOT:-$(cd "$here/../.." && pwd)}
-fabric=$here/shunt-fabric
-[ -x "$fabric" ] || fabric=$root/tools/shunt-fabric
-shim=$root/${BUILD:-build}/lib/libshunt.so
 [ -x "$fabric" ] || { echo "shunt-bench-scenario: shunt-fabric not found"; exit 77; }
 [ -x "$bench" ] || { echo "shunt-bench-scenario: $bench not built"; exit 77; }
 [ -f "$shim" ] || { echo "shunt-bench-scenario: $shim not built (make)"; exit 77; }

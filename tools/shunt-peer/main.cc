@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "interpose/peer/channel.h"
+#include "tools/common/cli_exit.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"shunt-peer: reach another host's shunt agent over the peer channel"};
@@ -17,8 +18,9 @@ int main(int argc, char** argv) {
   ping->add_option("--port", port, "Its SHUNT_PEER_PORT")->check(CLI::Range(1, 65535));
   ping->add_option("--timeout", timeout_ms, "Milliseconds to wait")->check(CLI::Range(1, 600000));
   ping->add_flag("--json", json, "JSON output");
+  app.set_version_flag("--version", std::string("shunt-peer ") + SHUNT_VERSION);
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = shunt::cli::parse(app, argc, argv); rc >= 0) return rc;
   const char* key = getenv("SHUNT_JOB_KEY");
   if (!key || !*key) {
     std::cerr << "shunt-peer: SHUNT_JOB_KEY is not set; the peer channel needs the job's key\n";

@@ -18,6 +18,7 @@
 #include "clocksync/engine.h"
 #include "interpose/core/config.h"
 #include "interpose/core/log.h"
+#include "tools/common/cli_exit.h"
 
 using namespace shunt::clocksync;
 using json = nlohmann::json;
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   }
 
   CLI::App app{"Run the shunt clock sync / path probe engine on this host."};
+  app.set_version_flag("--version", std::string("shunt-probe ") + SHUNT_VERSION);
   std::string listen, test_clock, json_file, name = ec.name, shm = ec.shm_name;
   std::vector<std::string> peer_args;
   double duration = 10, holdover_at = -1, sample_ms = 100;
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
                  "also probe N source paths per peer and rail, from free ports (as a host agent does "
                  "for the paths of its bundles; to measure what they cost)")
       ->check(CLI::Range(0, 64));
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = shunt::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   shunt::log::configure(verbose ? shunt::LogLevel::info : shunt::LogLevel::warn, "");
   ec.name = name;
@@ -109,7 +111,7 @@ int main(int argc, char** argv) {
     std::vector<PeerSpec> tmp;
     if (!parse_peers("self=" + listen, &tmp, &err)) {
       fprintf(stderr, "shunt-probe: --listen: %s\n", err.c_str());
-      return 2;
+      return shunt::cli::kExitUsage;
     }
     ec.local_addrs = tmp[0].addrs;
   }
@@ -117,14 +119,14 @@ int main(int argc, char** argv) {
     auto tc = parse_test_clock(test_clock, &err);
     if (!tc) {
       fprintf(stderr, "shunt-probe: --test-clock: %s\n", err.c_str());
-      return 2;
+      return shunt::cli::kExitUsage;
     }
     ec.test_clock = *tc;
   }
   for (auto& p : peer_args)
     if (!parse_peers(p, &peers, &err)) {
       fprintf(stderr, "shunt-probe: --peer: %s\n", err.c_str());
-      return 2;
+      return shunt::cli::kExitUsage;
     }
 
   ProbeEngine eng(ec);

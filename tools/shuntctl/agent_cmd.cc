@@ -41,6 +41,64 @@ void print_peers(std::ostream& out, const json& a) {
   }
 }
 
+// A field as text: strings bare, numbers as JSON, "-" for none.
+std::string text(const json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty())) return "-";
+  return it->is_string() ? it->get<std::string>() : it->dump();
+}
+
+void print_members(std::ostream& out, const json& a) {
+  const json& ms = a.contains("members") ? a["members"] : json::object();
+  if (ms.empty()) {
+    out << "no members\n";
+    return;
+  }
+  out << std::left << std::setw(10) << "pid" << std::setw(10) << "mode" << std::setw(6) << "rank" << std::setw(6)
+      << "qps" << std::setw(9) << "sockets" << std::setw(16) << "tx bytes" << std::setw(16) << "rx bytes"
+      << "state\n";
+  for (auto& [pid, m] : ms.items()) {
+    uint64_t tx = 0, rx = 0;
+    const json& socks = m.contains("sockets") && m["sockets"].is_array() ? m["sockets"] : json::array();
+    for (auto& so : socks) tx += so.value("tx_bytes", uint64_t{0}), rx += so.value("rx_bytes", uint64_t{0});
+    size_t qps = m.contains("verbs") && m["verbs"].contains("qps") ? m["verbs"]["qps"].size() : 0;
+    out << std::setw(10) << pid << std::setw(10) << text(m, "mode") << std::setw(6) << text(m, "rank")
+        << std::setw(6) << qps << std::setw(9) << socks.size() << std::setw(16) << tx << std::setw(16) << rx
+        << (m.value("final", false) ? "exited" : "running") << "\n";
+    for (auto& so : socks)
+      out << "  fd " << std::setw(5) << text(so, "fd") << std::setw(8) << text(so, "role") << text(so, "local")
+          << " -> " << text(so, "peer") << "  tx " << so.value("tx_bytes", uint64_t{0}) << " rx "
+          << so.value("rx_bytes", uint64_t{0}) << (so.value("upgraded", false) ? "  mptcp" : "")
+          << (so.value("open", false) ? "" : "  closed") << "\n";
+  }
+}
+
+void print_sockets(std::ostream& out, const json& a) {
+  out << "sockets mode " << text(a, "sockets_mode") << ", status " << text(a, "status") << ", "
+      << text(a, "upgraded_in_agent_process") << " upgraded in the agent's process\n";
+  if (a.contains("rails") && !a["rails"].empty()) {
+    out << std::left << std::setw(6) << "rail" << std::setw(18) << "addr" << std::setw(10) << "endpoint"
+        << std::setw(8) << "backup" << std::setw(10) << "failures" << "reason\n";
+    for (auto& r : a["rails"])
+      out << std::setw(6) << text(r, "rail") << std::setw(18) << text(r, "addr") << std::setw(10)
+          << text(r, "endpoint_id") << std::setw(8) << (r.value("backup", false) ? "yes" : "no") << std::setw(10)
+          << text(r, "failures") << text(r, "reason") << "\n";
+  }
+  if (a.contains("endpoints")) {
+    out << "MPTCP endpoints:" << (a["endpoints"].empty() ? " none" : "") << "\n";
+    for (auto& e : a["endpoints"])
+      out << "  id " << text(e, "id") << " " << text(e, "addr") << (e.value("signal", false) ? " signal" : "")
+          << (e.value("backup", false) ? " backup" : "") << "\n";
+  }
+  if (a.contains("limits"))
+    out << "MPTCP limits: subflows " << text(a["limits"], "subflows") << ", add_addr_accepted "
+        << text(a["limits"], "add_addr_accepted") << "\n";
+  if (a.contains("missing") && !a["missing"].empty()) {
+    out << "missing; these commands would fix it:\n";
+    for (auto& m : a["missing"]) out << "  " << (m.is_string() ? m.get<std::string>() : m.dump()) << "\n";
+  }
+}
+
 // Sends `req` to the agent: its answer, or nullopt with *rc set and the
 // reason on stderr.
 std::optional<json> ask_agent(const json& req, int* rc) {
@@ -86,6 +144,8 @@ int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
     print_off_reasons(out, *ans);
   }
   else if (cmd == "peers") print_peers(out, *ans);
+  else if (cmd == "members") print_members(out, *ans);
+  else if (cmd == "sockets") print_sockets(out, *ans);
   else out << ans->dump(2) << "\n";
   return 0;
 }

@@ -3,12 +3,14 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "tools/common/cli_exit.h"
 #include "tools/shuntctl/agent_cmd.h"
 #include "tools/shuntctl/config_cmd.h"
 #include "tools/shuntctl/telemetry_cmd.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"shuntctl: inspect and control shunt"};
+  app.set_version_flag("--version", std::string("shuntctl ") + SHUNT_VERSION);
   app.require_subcommand(1);
   bool json = false, markdown = false, man = false;
   auto* config = app.add_subcommand("config", "Every SHUNT_* variable: default, value in force here, help");
@@ -55,7 +57,7 @@ int main(int argc, char** argv) {
   every->needs("--count");
   probing->add_flag("--resume", pa.resume, "End the pauses now")->excludes("--pause");
   probing->add_flag("--json", json, "JSON output");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = shunt::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (probing->parsed()) return shunt::ctl::probing_command(std::cout, pa, json);
   if (paths->parsed()) return shunt::ctl::paths_command(std::cout, live);
   if (events->parsed()) return shunt::ctl::events_command(std::cout, live);
