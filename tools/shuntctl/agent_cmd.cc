@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "interpose/core/json_text.h"
 #include "interpose/peer/control.h"
 
 namespace shunt::ctl {
@@ -66,10 +67,10 @@ int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
   int rc = 0;
   auto ans = ask_agent({{"cmd", cmd}}, &rc);
   if (!ans) return rc;
-  if (as_json) out << ans->dump(2) << "\n";
+  if (as_json) out << to_text(*ans, 2) << "\n";
   else if (cmd == "status") print_status(out, *ans);
   else if (cmd == "peers") print_peers(out, *ans);
-  else out << ans->dump(2) << "\n";
+  else out << to_text(*ans, 2) << "\n";
   return 0;
 }
 
@@ -86,7 +87,7 @@ int probing_command(std::ostream& out, const ProbingArgs& a, bool as_json) {
   auto ans = ask_agent(req, &rc);
   if (!ans) return rc;
   const json& p = (*ans)["pause"];
-  if (as_json) out << ans->dump(2) << "\n";
+  if (as_json) out << to_text(*ans, 2) << "\n";
   else if (p.is_null()) out << "probing: no pause\n";
   else
     out << "probing paused from " << p["from_unix_ms"].get<int64_t>() << " to " << p["until_unix_ms"].get<int64_t>()
