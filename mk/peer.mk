@@ -1,11 +1,19 @@
 # The peer channel's fuzz target (libFuzzer, ASan+UBSan), built with clang
-# like the probe parser's (mk/clocksync.mk); not part of `all`.
-PEER_FUZZ_BIN := $(BUILD)/fuzz/peer_session_fuzz
+# like the probe parser's (mk/clocksync.mk); not part of `all`. The code a
+# request reaches (session, frames, both request handlers) is compiled here
+# with clang, instrumented; the rest of what the handlers call (config,
+# logging, the verbs registry) comes uninstrumented from the core archive.
+PEER_FUZZ_BIN  := $(BUILD)/fuzz/peer_session_fuzz
+PEER_FUZZ_SRCS := interpose/peer/wire.cc interpose/peer/session.cc interpose/peer/peer_service.cc \
+                  interpose/verbs/bundle.cc interpose/core/json_text.cc
+PEER_FUZZ_OBJS := $(patsubst %.cc,$(BUILD)/fuzz/obj/%.o,$(PEER_FUZZ_SRCS))
 
 .PHONY: fuzz-peer
 fuzz-peer: $(PEER_FUZZ_BIN)
-$(PEER_FUZZ_BIN): test/fuzz/peer_session_fuzz.cc interpose/peer/wire.cc interpose/peer/wire.h \
-    interpose/peer/session.cc interpose/peer/session.h
+$(BUILD)/fuzz/obj/%.o: %.cc
 	@mkdir -p $(dir $@)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) -o $@ test/fuzz/peer_session_fuzz.cc interpose/peer/wire.cc \
-	  interpose/peer/session.cc -lsodium
+	$(FUZZ_CXX) $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_FLAGS)) $(DEFS) -MMD -MP -c $< -o $@
+$(PEER_FUZZ_BIN): test/fuzz/peer_session_fuzz.cc $(PEER_FUZZ_OBJS) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $(DEFS) -o $@ test/fuzz/peer_session_fuzz.cc $(PEER_FUZZ_OBJS) $(CORE_A) \
+	  $(LIB_LIBS)

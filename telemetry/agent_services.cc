@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "clocksync/engine.h"
+#include "interpose/core/json_text.h"
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
@@ -43,7 +44,7 @@ json telemetry_command(const json&) {
   v.agent_pid = getpid();
   v.uptime_s = static_cast<double>(mono_ns() - g_started_ns) * 1e-9;
   json out = host_view_json(v);
-  out["event_log"] = event_log_path();
+  out["event_log"] = valid_utf8(event_log_path());
   return out;
 }
 
@@ -51,10 +52,17 @@ std::string scrape(std::string* err) {
   auto ans = peer::request(agent::socket_path(), {{"cmd", "telemetry"}}, 2000, err);
   if (!ans) return "";
   if (ans->contains("error")) {
-    *err = (*ans)["error"].get<std::string>();
+    const json& e = (*ans)["error"];
+    *err = e.is_string() ? e.get<std::string>() : to_text(e);
     return "";
   }
-  return render_metrics(host_view_from(*ans));
+  // The metrics thread's edge: nothing from the answer may end the process.
+  try {
+    return render_metrics(host_view_from(*ans));
+  } catch (const std::exception& e) {
+    *err = std::string("cannot render the agent's answer: ") + e.what();
+    return "";
+  }
 }
 
 bool write_textfile(const std::string& path) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "interpose/core/json_text.h"
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "telemetry/event_ring.h"
@@ -97,10 +98,13 @@ class Appender {
     }
   }
   void raw(const char* s) { raw(s, strlen(s)); }
+  // A JSON string; bytes that are not UTF-8 (a path, a peer's name from
+  // the environment) become \ufffd, else readers would reject the line.
   void str(const char* s) {
     raw("\"");
-    for (; s && *s; s++) {
+    for (size_t n = 1; s && *s; s += n) {
       unsigned char c = static_cast<unsigned char>(*s);
+      n = 1;
       if (c == '"' || c == '\\') {
         char e[2] = {'\\', static_cast<char>(c)};
         raw(e, 2);
@@ -108,8 +112,13 @@ class Appender {
         char e[8];
         snprintf(e, sizeof e, "\\u%04x", c);
         raw(e);
+      } else if (c < 0x80) {
+        raw(s, 1);
+      } else if ((n = utf8_sequence(std::string_view(s, strnlen(s, 4)))) > 0) {
+        raw(s, n);
       } else {
-        raw(reinterpret_cast<const char*>(&c), 1);
+        n = 1;
+        raw("\\ufffd");
       }
     }
     raw("\"");
@@ -236,7 +245,7 @@ void start_writer() {
   int pid = getpid();
   l.path = expand_pattern(config().str(Param::event_log), pid);
   json id = {{"host", host_name()}, {"pid", pid}, {"job", job_id()}, {"rank", rank()}};
-  std::string d = id.dump();
+  std::string d = to_text(id);
   l.prefix = "," + d.substr(1, d.size() - 2);
   int64_t wall = clock_ns(CLOCK_REALTIME), mono = clock_ns(CLOCK_MONOTONIC);
   const char* modes[] = {"off", "observe", "active"};
@@ -246,7 +255,7 @@ void start_writer() {
                   {"version", SHUNT_VERSION},
                   {"mode", modes[static_cast<int>(current_mode())]},
                   {"set", config_set()}});
-  l.config_line = cfg.dump() + "\n";
+  l.config_line = to_text(cfg) + "\n";
   g_counts[ev_config].fetch_add(1, std::memory_order_relaxed);
   l.writer_started.store(true, std::memory_order_release);
   std::thread(writer_loop).detach();

@@ -4,21 +4,23 @@
 
 #include <cstdlib>
 
+#include "interpose/core/json_text.h"
 #include "interpose/core/runtime.h"
 
 namespace shunt::telemetry {
 
 namespace {
+// Labels and JSON strings are UTF-8; the environment's bytes need not be.
 std::string first_env(std::initializer_list<const char*> names) {
   for (const char* n : names)
-    if (const char* v = getenv(n); v && *v) return v;
+    if (const char* v = getenv(n); v && *v) return valid_utf8(v);
   return "";
 }
 }  // namespace
 
 std::string job_id() {
   const std::string& j = config().str(Param::job_id);
-  if (!j.empty()) return j;
+  if (!j.empty()) return valid_utf8(j);
   return first_env({"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID"});
 }
 
@@ -27,7 +29,7 @@ std::string rank() { return first_env({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RAN
 std::string host_name() {
   char host[256] = "unknown";
   gethostname(host, sizeof host - 1);
-  return host;
+  return valid_utf8(host);
 }
 
 }  // namespace shunt::telemetry

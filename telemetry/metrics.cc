@@ -21,16 +21,52 @@ std::string host_of(const std::string& addr) {  // "1.2.3.4:80" or "[::1]:80" ->
 
 double ns_to_s(double ns) { return ns / 1e9; }
 
-uint64_t u64(const json& j, const char* key) {
+// The reports are other processes' JSON, read without trusting a type: a
+// field that is missing or of another type reads as empty, never throws.
+const json& at(const json& j, const char* key) {
+  static const json* none = new json;
+  if (!j.is_object()) return *none;
   auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return 0;
-  if (it->is_number_float()) return static_cast<uint64_t>(it->get<double>());
-  return it->get<uint64_t>();
+  return it == j.end() ? *none : *it;
 }
 
+uint64_t count(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer()) return v.get<int64_t>() < 0 ? 0 : v.get<uint64_t>();
+  if (!v.is_number_float()) return 0;
+  double d = v.get<double>();
+  return d >= 1.8e19 ? UINT64_MAX : d >= 0 ? static_cast<uint64_t>(d) : 0;  // NaN: 0
+}
+
+uint64_t u64(const json& j, const char* key) { return count(at(j, key)); }
+
 std::string str(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+  const json& v = at(j, key);
+  return v.is_string() ? v.get<std::string>() : "";
+}
+
+bool flag(const json& j, const char* key) {
+  const json& v = at(j, key);
+  return v.is_boolean() && v.get<bool>();
+}
+
+double real(const json& j, const char* key, double dflt) {
+  const json& v = at(j, key);
+  return v.is_number() ? v.get<double>() : dflt;
+}
+
+// The members of an array, or nothing.
+const json& list(const json& j, const char* key) {
+  static const json* empty = new json(json::array());
+  const json& v = at(j, key);
+  return v.is_array() ? v : *empty;
+}
+
+// The (key, value) pairs of an object, or nothing.
+const json& dict(const json& j, const char* key) {
+  static const json* empty = new json(json::object());
+  const json& v = at(j, key);
+  return v.is_object() ? v : *empty;
 }
 
 Labels proc_labels(const std::string& pid, const json& m) {
@@ -106,12 +142,10 @@ void qp_samples(Exposition& x, const Labels& base, const json& q) {
   x.add("shunt_qp_completions_total", base, u64(q, "completions"));
   x.add("shunt_qp_post_errors_total", with(base, {{"direction", "send"}}), u64(q, "send_post_errors"));
   x.add("shunt_qp_post_errors_total", with(base, {{"direction", "recv"}}), u64(q, "recv_post_errors"));
-  if (q.contains("send_wrs"))
-    for (auto& [op, n] : q["send_wrs"].items())
-      x.add("shunt_qp_tx_wrs_total", with(base, {{"opcode", op}}), n.get<uint64_t>());
-  if (q.contains("errors"))
-    for (auto& [st, n] : q["errors"].items())
-      x.add("shunt_qp_errors_total", with(base, {{"status", st}}), n.get<uint64_t>());
+  for (auto& [op, n] : dict(q, "send_wrs").items())
+    x.add("shunt_qp_tx_wrs_total", with(base, {{"opcode", op}}), count(n));
+  for (auto& [st, n] : dict(q, "errors").items())
+    x.add("shunt_qp_errors_total", with(base, {{"status", st}}), count(n));
 }
 
 using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  // (state, role) -> n
@@ -119,24 +153,21 @@ using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  /
 void member_samples(Exposition& x, const std::string& pid, const json& m, SocketCounts* sockets) {
   Labels p = proc_labels(pid, m);
   x.add("shunt_process_mode", with(p, {{"mode", str(m, "mode")}}), 1);
-  if (m.contains("verbs")) {
-    const json& v = m["verbs"];
-    if (v.contains("calls"))
-      for (auto& [call, n] : v["calls"].items())
-        x.add("shunt_verbs_calls_total", with(p, {{"call", call}}), n.get<uint64_t>());
+  if (at(m, "verbs").is_object()) {
+    const json& v = at(m, "verbs");
+    for (auto& [call, n] : dict(v, "calls").items())
+      x.add("shunt_verbs_calls_total", with(p, {{"call", call}}), count(n));
     uint64_t live = 0, dead = 0;
-    if (v.contains("qps"))
-      for (auto& q : v["qps"]) {
-        (q.value("destroyed", false) ? dead : live)++;
-        qp_samples(x, with(p, {{"device", str(q, "device")}, {"qpn", std::to_string(u64(q, "qpn"))}, {"type", str(q, "type")}}),
-                   q);
-      }
-    if (v.contains("devices"))
-      for (auto& d : v["devices"]) {
-        const json& u = d["untracked_qps"];
-        if (u64(u, "send_bytes") || u64(u, "recv_wrs") || u64(u, "completions"))
-          qp_samples(x, with(p, {{"device", str(d, "device")}, {"qpn", "untracked"}, {"type", ""}}), u);
-      }
+    for (auto& q : list(v, "qps")) {
+      (flag(q, "destroyed") ? dead : live)++;
+      qp_samples(x, with(p, {{"device", str(q, "device")}, {"qpn", std::to_string(u64(q, "qpn"))}, {"type", str(q, "type")}}),
+                 q);
+    }
+    for (auto& d : list(v, "devices")) {
+      const json& u = at(d, "untracked_qps");
+      if (u64(u, "send_bytes") || u64(u, "recv_wrs") || u64(u, "completions"))
+        qp_samples(x, with(p, {{"device", str(d, "device")}, {"qpn", "untracked"}, {"type", ""}}), u);
+    }
     x.add("shunt_qps", with(p, {{"state", "live"}}), live);
     x.add("shunt_qps", with(p, {{"state", "destroyed"}}), dead);
   }
@@ -144,20 +175,19 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   std::map<std::tuple<std::string, std::string, std::string>, std::pair<uint64_t, uint64_t>> conns;
   std::map<std::string, uint64_t> accepts;
   uint64_t subflows = 0;
-  if (m.contains("sockets"))
-    for (auto& s : m["sockets"]) {
-      std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
-      bool open = s.value("open", false);
-      (*sockets)[{open ? "open" : "closed", role}]++;
-      if (open) subflows += u64(s, "subflows");
-      if (role == "listener") {
-        accepts[local] += u64(s, "accepts");
-        continue;
-      }
-      auto& c = conns[{role, local, remote}];
-      c.first += u64(s, "tx_bytes");
-      c.second += u64(s, "rx_bytes");
+  for (auto& s : list(m, "sockets")) {
+    std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
+    bool open = flag(s, "open");
+    (*sockets)[{open ? "open" : "closed", role}]++;
+    if (open) subflows += u64(s, "subflows");
+    if (role == "listener") {
+      accepts[local] += u64(s, "accepts");
+      continue;
     }
+    auto& c = conns[{role, local, remote}];
+    c.first += u64(s, "tx_bytes");
+    c.second += u64(s, "rx_bytes");
+  }
   for (auto& [k, v] : conns) {
     auto& [role, local, remote] = k;
     Labels l = with(p, {{"role", role}, {"local", local}, {"remote", remote}});
@@ -167,34 +197,32 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   for (auto& [local, n] : accepts) x.add("shunt_socket_accepts_total", with(p, {{"local", local}}), n);
   x.add("shunt_socket_subflows", p, subflows);
   std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
-  if (m.contains("bundles") && m["bundles"].is_array())
-    for (auto& b : m["bundles"]) {
-      bundles[str(b, "state")]++;
-      if (!b.contains("paths") || !b["paths"].is_array()) continue;
-      for (auto& q : b["paths"]) {
-        Labels l = with(p, {{"device", str(b, "device")},
-                            {"qpn", std::to_string(u64(b, "qpn"))},
-                            {"path", str(q, "path")},
-                            {"nic", str(q, "nic")},
-                            {"udp_sport", std::to_string(u64(q, "udp_sport"))}});
-        x.add("shunt_bundle_path_up", l, q.value("up", false) ? 1 : 0);
-        x.add("shunt_bundle_path_carrier", l, q.value("carrier", false) ? 1 : 0);
-        x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
-        x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
-        if (q.contains("share")) x.add("shunt_bundle_path_share", l, q.value("share", 1.0));
-        if (q.contains("queue") && q["queue"].is_object()) {
-          x.add("shunt_bundle_path_queue_seconds", l, q["queue"].value("excess_ns", 0.0) / 1e9);
-          x.add("shunt_bundle_path_congested", l, q["queue"].value("congested", false) ? 1 : 0);
-        }
+  for (auto& b : list(m, "bundles")) {
+    bundles[str(b, "state")]++;
+    for (auto& q : list(b, "paths")) {
+      Labels l = with(p, {{"device", str(b, "device")},
+                          {"qpn", std::to_string(u64(b, "qpn"))},
+                          {"path", str(q, "path")},
+                          {"nic", str(q, "nic")},
+                          {"udp_sport", std::to_string(u64(q, "udp_sport"))}});
+      x.add("shunt_bundle_path_up", l, flag(q, "up") ? 1 : 0);
+      x.add("shunt_bundle_path_carrier", l, flag(q, "carrier") ? 1 : 0);
+      x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
+      x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+      if (at(q, "share").is_number()) x.add("shunt_bundle_path_share", l, real(q, "share", 1.0));
+      if (at(q, "queue").is_object()) {
+        x.add("shunt_bundle_path_queue_seconds", l, real(at(q, "queue"), "excess_ns", 0.0) / 1e9);
+        x.add("shunt_bundle_path_congested", l, flag(at(q, "queue"), "congested") ? 1 : 0);
       }
     }
+  }
   for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
-  json ev = m.value("events", json::object());
+  const json& ev = dict(m, "events");
   x.add("shunt_failovers_total", p, u64(ev, "failover"));
   x.add("shunt_failbacks_total", p, u64(ev, "failback"));
   x.add("shunt_replays_total", p, u64(m, "replays"));
   for (auto& [type, n] : ev.items())
-    if (n.is_number()) x.add("shunt_events_total", with(p, {{"type", type}}), n.get<uint64_t>());
+    if (n.is_number()) x.add("shunt_events_total", with(p, {{"type", type}}), count(n));
   x.add("shunt_events_dropped_total", p, u64(m, "events_dropped"));
 }
 }  // namespace
@@ -203,8 +231,8 @@ HostView host_view_from(const json& a) {
   HostView v;
   if (a.contains("members") && a["members"].is_object()) v.members = a["members"];
   if (a.contains("peers") && a["peers"].is_array()) v.peers = a["peers"];
-  v.agent_pid = a.value("agent_pid", 0L);
-  v.uptime_s = a.value("uptime_s", 0.0);
+  v.agent_pid = at(a, "agent_pid").is_number_integer() ? at(a, "agent_pid").get<long>() : 0;
+  v.uptime_s = real(a, "uptime_s", 0.0);
   return v;
 }
 
@@ -256,22 +284,21 @@ json bundle_paths_view(const HostView& v) {
   json out = json::array();
   if (!v.members.is_object()) return out;
   for (auto& [pid, m] : v.members.items()) {
-    if (m.value("final", false) || !m.contains("bundles") || !m["bundles"].is_array()) continue;
-    for (auto& b : m["bundles"]) {
-      if (!b.contains("paths") || !b["paths"].is_array()) continue;
-      for (auto& q : b["paths"])
+    if (flag(m, "final")) continue;
+    for (auto& b : list(m, "bundles")) {
+      for (auto& q : list(b, "paths"))
         out.push_back({{"pid", pid},
                        {"rank", str(m, "rank")},
                        {"device", str(b, "device")},
                        {"qpn", u64(b, "qpn")},
                        {"path", str(q, "path")},
                        {"udp_sport", u64(q, "udp_sport")},
-                       {"up", q.value("up", false)},
-                       {"carrier", q.value("carrier", false)},
+                       {"up", flag(q, "up")},
+                       {"carrier", flag(q, "carrier")},
                        {"tx_bytes", u64(q, "tx_bytes")},
                        {"fails", u64(q, "fails")},
-                       {"share", q.contains("share") ? q["share"] : json(nullptr)},
-                       {"queue", q.contains("queue") ? q["queue"] : json(nullptr)}});
+                       {"share", at(q, "share")},
+                       {"queue", at(q, "queue")}});
     }
   }
   return out;
@@ -280,23 +307,22 @@ json bundle_paths_view(const HostView& v) {
 json paths_view(const HostView& v) {
   json out = json::array();
   for (auto& peer : v.peers)
-    for (auto& p : peer["paths"]) {
+    for (auto& p : list(peer, "paths")) {
+      if (!p.is_object()) continue;
       json q = p;
-      q["peer"] = peer["peer"];
+      q["peer"] = at(peer, "peer");
       std::string local = str(p, "local"), remote = str(p, "remote");
       q["path"] = local + "->" + remote;
       uint64_t tx = 0, rx = 0;
-      for (auto& [pid, m] : v.members.items()) {
-        if (!m.contains("sockets")) continue;
-        for (auto& s : m["sockets"])
+      for (auto& [pid, m] : v.members.items())
+        for (auto& s : list(m, "sockets"))
           if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
             tx += u64(s, "tx_bytes");
             rx += u64(s, "rx_bytes");
           }
-      }
       q["tx_bytes"] = tx;
       q["rx_bytes"] = rx;
-      double f = p.value("fwd_p50_ns", -1.0), r = p.value("rev_p50_ns", -1.0);
+      double f = real(p, "fwd_p50_ns", -1.0), r = real(p, "rev_p50_ns", -1.0);
       q["rtt_ns"] = f >= 0 && r >= 0 ? f + r : -1.0;
       out.push_back(std::move(q));
     }
@@ -311,7 +337,7 @@ std::string render_metrics(const HostView& v) {
   uint64_t running = 0, exited = 0;
   SocketCounts sockets;
   for (auto& [pid, m] : v.members.items()) {
-    (m.value("final", false) ? exited : running)++;
+    (flag(m, "final") ? exited : running)++;
     member_samples(x, pid, m, &sockets);
   }
   x.add("shunt_processes", {{"state", "running"}}, running);
@@ -322,27 +348,27 @@ std::string render_metrics(const HostView& v) {
       x.add("shunt_sockets", {{"state", state}, {"role", role}}, it == sockets.end() ? uint64_t{0} : it->second);
     }
   for (auto& peer : v.peers) {
-    const json& c = peer["clock"];
+    const json& c = at(peer, "clock");
     Labels pl{{"peer", str(peer, "peer")}};
-    bool valid = c.value("valid", false);
+    bool valid = flag(c, "valid");
     x.add("shunt_peer_clock_valid", pl, valid);
     if (!valid) continue;
-    x.add("shunt_peer_clock_offset_seconds", pl, ns_to_s(c.value("offset_ns", 0.0)));
-    x.add("shunt_peer_clock_bound_seconds", pl, ns_to_s(c.value("bound_ns", 0.0)));
-    x.add("shunt_peer_clock_drift_ratio", pl, c.value("drift_ppb", 0.0) / 1e9);
-    x.add("shunt_peer_rtt_seconds", pl, ns_to_s(2 * c.value("half_rtt_ns", 0.0)));
+    x.add("shunt_peer_clock_offset_seconds", pl, ns_to_s(real(c, "offset_ns", 0.0)));
+    x.add("shunt_peer_clock_bound_seconds", pl, ns_to_s(real(c, "bound_ns", 0.0)));
+    x.add("shunt_peer_clock_drift_ratio", pl, real(c, "drift_ppb", 0.0) / 1e9);
+    x.add("shunt_peer_rtt_seconds", pl, ns_to_s(2 * real(c, "half_rtt_ns", 0.0)));
   }
   for (auto& p : paths_view(v)) {
-    Labels l{{"peer", str(p, "peer")}, {"rail", std::to_string(p.value("rail", 0))}, {"path", str(p, "path")}};
-    x.add("shunt_path_up", l, p.value("alive", false));
+    Labels l{{"peer", str(p, "peer")}, {"rail", std::to_string(u64(p, "rail"))}, {"path", str(p, "path")}};
+    x.add("shunt_path_up", l, flag(p, "alive"));
     for (auto [key, dir, q] : {std::tuple{"fwd_p50_ns", "tx", "50"}, std::tuple{"fwd_p99_ns", "tx", "99"},
                                std::tuple{"rev_p50_ns", "rx", "50"}, std::tuple{"rev_p99_ns", "rx", "99"}}) {
-      double ns = p.value(key, -1.0);
+      double ns = real(p, key, -1.0);
       if (ns >= 0) x.add("shunt_path_one_way_delay_seconds", with(l, {{"direction", dir}, {"percentile", q}}), ns_to_s(ns));
     }
-    if (double rtt = p.value("rtt_ns", -1.0); rtt >= 0) x.add("shunt_path_rtt_seconds", l, ns_to_s(rtt));
-    x.add("shunt_path_loss_ratio", with(l, {{"direction", "tx"}}), p.value("fwd_loss", 0.0));
-    x.add("shunt_path_loss_ratio", with(l, {{"direction", "rx"}}), p.value("rev_loss", 0.0));
+    if (double rtt = real(p, "rtt_ns", -1.0); rtt >= 0) x.add("shunt_path_rtt_seconds", l, ns_to_s(rtt));
+    x.add("shunt_path_loss_ratio", with(l, {{"direction", "tx"}}), real(p, "fwd_loss", 0.0));
+    x.add("shunt_path_loss_ratio", with(l, {{"direction", "rx"}}), real(p, "rev_loss", 0.0));
     x.add("shunt_path_probes_sent_total", l, u64(p, "sent"));
     x.add("shunt_path_probes_received_total", l, u64(p, "received"));
     x.add("shunt_path_tx_bytes_total", l, u64(p, "tx_bytes"));

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "interpose/core/json_text.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
@@ -19,7 +20,7 @@ void send(bool final) {
   std::string err;
   // The reason and the labels may hold any bytes; JSON wants UTF-8.
   auto snap = nlohmann::json::parse(
-      off_snapshot(off_reason()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      to_text(off_snapshot(off_reason())));
   // Short: an agent answers a report at once, and this one delays the
   // application's start or exit by however long it waits.
   peer::request(dir + "/agent.sock",

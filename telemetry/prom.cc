@@ -3,12 +3,16 @@
 #include <charconv>
 #include <cmath>
 
+#include "interpose/core/json_text.h"
+
 namespace shunt::telemetry {
 
+// Label values and help are UTF-8 in the format: bytes from the environment
+// or a report that are not become U+FFFD first.
 std::string escape_label_value(std::string_view v) {
   std::string out;
   out.reserve(v.size());
-  for (char c : v) {
+  for (char c : valid_utf8(v)) {
     if (c == '\\') out += "\\\\";
     else if (c == '"') out += "\\\"";
     else if (c == '\n') out += "\\n";
@@ -19,7 +23,7 @@ std::string escape_label_value(std::string_view v) {
 
 std::string escape_help(std::string_view v) {
   std::string out;
-  for (char c : v) {
+  for (char c : valid_utf8(v)) {
     if (c == '\\') out += "\\\\";
     else if (c == '\n') out += "\\n";
     else out += c;

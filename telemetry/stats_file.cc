@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "interpose/core/json_text.h"
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "interpose/socket/fd_table.h"
@@ -176,7 +177,7 @@ json stats_json() {
   });
   const char* modes[] = {"off", "observe", "active"};
   return {{"version", SHUNT_VERSION},
-          {"host", host},
+          {"host", valid_utf8(host)},
           {"pid", getpid()},
           {"mode", modes[static_cast<int>(current_mode())]},
           {"forks", sock::fork_count()},
@@ -192,7 +193,7 @@ json stats_json() {
           {"rank", rank()},
           {"events", event_counts()},
           {"events_dropped", events_dropped()},
-          {"event_log", event_log_path()}};
+          {"event_log", valid_utf8(event_log_path())}};
 }
 
 bool write_stats_file(const std::string& pattern) {
@@ -206,7 +207,7 @@ bool write_stats_file(const std::string& pattern) {
       log::error("SHUNT_STATS_FILE: cannot write {}", tmp);
       return false;
     }
-    out << stats_json().dump(2) << "\n";
+    out << to_text(stats_json(), 2) << "\n";
     if (!out.good()) return false;
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {

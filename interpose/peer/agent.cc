@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "interpose/core/json_text.h"
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
@@ -248,7 +249,7 @@ std::string answer(State& s, const std::string& line, uid_t peer_uid) {
     json req = json::parse(line, nullptr, false);
     ans = req.is_discarded() ? json{{"error", "malformed JSON"}} : handle(s, req, peer_uid);
   }
-  return ans.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  return to_text(ans) + "\n";
 }
 
 void serve(State& s, int timeout_ms) {

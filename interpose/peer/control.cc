@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "interpose/core/json_text.h"
 #include "interpose/core/mono.h"
 
 namespace shunt::peer {
@@ -143,7 +144,7 @@ std::optional<nlohmann::json> request(const std::string& path, const nlohmann::j
   std::string line;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     *err = "no agent at " + path + ": " + strerror(errno);
-  } else if (!write_all(fd, req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", timeout_ms)) {
+  } else if (!write_all(fd, to_text(req) + "\n", timeout_ms)) {
     *err = "cannot send to " + path;
   } else if (!read_line(fd, &line, timeout_ms)) {
     *err = "no answer from " + path;

@@ -11,23 +11,34 @@
 
 namespace shunt::agent {
 
-namespace {
 using nlohmann::json;
 
-json answer(const json& req) {
-  const std::string cmd = req.value("cmd", "");
+// The agent's answer to an authenticated peer's request (the channel's
+// handler; also driven by the tests and the peer channel's fuzz target).
+json peer_answer(const json& req) {
+  auto field = [&](const char* k) -> const json& {
+    static const json* none = new json;
+    auto it = req.find(k);
+    return req.is_object() && it != req.end() ? *it : *none;
+  };
+  const std::string cmd = field("cmd").is_string() ? field("cmd").get<std::string>() : "";
   if (cmd == "ping") {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
     return {{"pong", true}, {"host", host}, {"agent_pid", getpid()}, {"version", SHUNT_VERSION}};
   }
   if (cmd == "locate") {  // which process on this host owns a verbs QP
-    int port = verbs::bundle_locate(req.value("gid", ""), req.value("qpn", 0u));
+    const json &gid = field("gid"), &qpn = field("qpn");
+    if (!gid.is_string() || !qpn.is_number_integer() || qpn.get<int64_t>() < 0 || qpn.get<int64_t>() > UINT32_MAX)
+      return {{"error", "locate needs gid (a string) and qpn (a QP number)"}};
+    int port = verbs::bundle_locate(gid.get<std::string>(), qpn.get<uint32_t>());
     if (port > 0) return {{"port", port}};
     return {{"retry", "no process here owns that QP (yet)"}};
   }
   return {{"error", "unknown peer command " + cmd}};
 }
+
+namespace {
 
 void start_peer_channel() {
   const Config& c = config();
@@ -37,7 +48,7 @@ void start_peer_channel() {
     return;
   }
   peer::start_listener(c.str(Param::peer_addr), static_cast<int>(c.num(Param::peer_port)),
-                       peer::job_key_from(key), answer);
+                       peer::job_key_from(key), peer_answer);
 }
 }  // namespace
 

@@ -4,10 +4,14 @@
 
 #include <cstring>
 
+#include "interpose/core/json_text.h"
+
 namespace shunt::peer {
 
 namespace {
 using nlohmann::json;
+
+constexpr int kMaxDepth = 16;
 
 std::string hex(const uint8_t* p, size_t n) {
   static const char d[] = "0123456789abcdef";
@@ -32,6 +36,16 @@ bool unhex(const json& j, const char* field, std::array<uint8_t, N>* out) {
 
 void append(std::vector<uint8_t>* out, const std::vector<uint8_t>& v) { out->insert(out->end(), v.begin(), v.end()); }
 
+// Whether j nests no deeper than `left` levels: handlers copy what they
+// read, recursively, and 64 KiB of '[' would take the thread's stack.
+bool shallow(const json& j, int left) {
+  if (!j.is_structured()) return true;
+  if (left == 0) return false;
+  for (const auto& x : j)
+    if (!shallow(x, left - 1)) return false;
+  return true;
+}
+
 // Pops the next complete frame from buf; 1 = frame, 0 = need more, -1 = drop.
 int next_frame(std::vector<uint8_t>& buf, Frame* f, std::string* why) {
   size_t used = 0;
@@ -52,7 +66,7 @@ ServerSession::ServerSession(const Key& job, const Nonce& s) : job_(job), nonce_
 std::vector<uint8_t> ServerSession::hello() const {
   Frame f;
   f.type = FrameType::hello;
-  f.payload = json{{"nonce", hex(nonce_s_.data(), nonce_s_.size())}}.dump();
+  f.payload = to_text(json{{"nonce", hex(nonce_s_.data(), nonce_s_.size())}});
   return encode_frame(f, job_);
 }
 
@@ -76,7 +90,7 @@ bool ServerSession::on_bytes(const uint8_t* p, size_t n, const RequestHandler& h
       auto sp = server_proof(job_, nonce_s_, c);
       Frame ok;
       ok.type = FrameType::auth_ok;
-      ok.payload = json{{"proof", hex(sp.data(), sp.size())}}.dump();
+      ok.payload = to_text(json{{"proof", hex(sp.data(), sp.size())}});
       append(out, encode_frame(ok, job_));
       state_ = State::open;
       continue;
@@ -86,12 +100,21 @@ bool ServerSession::on_bytes(const uint8_t* p, size_t n, const RequestHandler& h
     if (f.seq != seq_in_ + 1) return *why = "sequence " + std::to_string(f.seq) + " after " + std::to_string(seq_in_), false;
     seq_in_ = f.seq;
     json req = json::parse(f.payload, nullptr, false);
-    json ans = req.is_object() ? h(req) : json{{"error", "a request is a JSON object"}};
+    json ans;
+    // The handler runs on the listener's thread: whatever it throws is the
+    // request's error, never the end of the process.
+    try {
+      if (!req.is_object()) ans = {{"error", "a request is a JSON object"}};
+      else if (!shallow(req, kMaxDepth)) ans = {{"error", "a request nests at most " + std::to_string(kMaxDepth) + " levels"}};
+      else ans = h(req);
+    } catch (const std::exception& e) {
+      ans = {{"error", std::string("cannot answer: ") + e.what()}};
+    }
     Frame rep;
     rep.type = FrameType::reply;
     rep.seq = ++seq_out_;
-    rep.payload = ans.dump();
-    if (rep.payload.size() > kMaxPayload) rep.payload = json{{"error", "reply too large"}}.dump();
+    rep.payload = to_text(ans);
+    if (rep.payload.size() > kMaxPayload) rep.payload = to_text(json{{"error", "reply too large"}});
     append(out, encode_frame(rep, session_));
   }
 }
@@ -111,7 +134,7 @@ bool ClientSession::on_bytes(const uint8_t* p, size_t n, std::vector<uint8_t>* o
         auto proof = client_proof(job_, nonce_s_, nonce_c_);
         Frame a;
         a.type = FrameType::auth;
-        a.payload = json{{"nonce", hex(nonce_c_.data(), nonce_c_.size())}, {"proof", hex(proof.data(), proof.size())}}.dump();
+        a.payload = to_text(json{{"nonce", hex(nonce_c_.data(), nonce_c_.size())}, {"proof", hex(proof.data(), proof.size())}});
         append(out, encode_frame(a, job_));
         state_ = State::wait_auth_ok;
         break;
@@ -144,7 +167,7 @@ std::vector<uint8_t> ClientSession::request(const nlohmann::json& req) {
   Frame f;
   f.type = FrameType::request;
   f.seq = ++seq_out_;
-  f.payload = req.dump();
+  f.payload = to_text(req);
   return encode_frame(f, session_);
 }
 

@@ -4128,9 +4128,23 @@ json answer(const json& req, const std::string& cmd);
 std::mutex g_rid_mu;
 std::deque<std::pair<uint64_t, json>>* g_rids = nullptr;
 
-json bundle_answer(const json& req) {
+// Whether every float in j converts to the int or unsigned that the
+// answers read fields as (beyond their range the conversion is undefined).
+static bool floats_fit(const json& j, int depth = 0) {
+  if (j.is_number_float()) return j.get<double>() > -1 && j.get<double>() < 2147483648.0;
+  if (!j.is_structured()) return true;
+  if (depth > 32) return false;
+  for (const auto& x : j)
+    if (!floats_fit(x, depth + 1)) return false;
+  return true;
+}
+
+// Any holder of the job key reaches this: nothing it sends may throw out.
+json bundle_answer(const json& req) try {
   ReentryGuard g;
-  const std::string cmd = req.value("cmd", "");
+  if (!req.is_object()) return {{"error", "a request is a JSON object"}};
+  if (!floats_fit(req)) return {{"error", "a number out of range (or nested too deep)"}};
+  const std::string cmd = req.contains("cmd") && req["cmd"].is_string() ? req["cmd"].get<std::string>() : "";
   uint64_t rid = req.contains("rid") && req["rid"].is_number_unsigned() ? req["rid"].get<uint64_t>() : 0;
   if (rid) {
     std::lock_guard l(g_rid_mu);
@@ -4145,6 +4159,8 @@ json bundle_answer(const json& req) {
     if (g_rids->size() > 64) g_rids->pop_front();
   }
   return reply;
+} catch (const std::exception& e) {
+  return {{"error", std::string("cannot answer: ") + e.what()}};
 }
 
 json answer(const json& req, const std::string& cmd) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "interpose/core/json_text.h"
 #include "interpose/peer/control.h"
 
 namespace shunt::ctl {
@@ -45,7 +46,7 @@ void print_peers(std::ostream& out, const json& a) {
 std::string text(const json& o, const char* key) {
   auto it = o.find(key);
   if (it == o.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty())) return "-";
-  return it->is_string() ? it->get<std::string>() : it->dump();
+  return it->is_string() ? it->get<std::string>() : to_text(*it);
 }
 
 void print_members(std::ostream& out, const json& a) {
@@ -95,7 +96,7 @@ void print_sockets(std::ostream& out, const json& a) {
         << text(a["limits"], "add_addr_accepted") << "\n";
   if (a.contains("missing") && !a["missing"].empty()) {
     out << "missing; these commands would fix it:\n";
-    for (auto& m : a["missing"]) out << "  " << (m.is_string() ? m.get<std::string>() : m.dump()) << "\n";
+    for (auto& m : a["missing"]) out << "  " << (m.is_string() ? m.get<std::string>() : to_text(m)) << "\n";
   }
 }
 
@@ -138,7 +139,7 @@ int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
   int rc = 0;
   auto ans = ask_agent({{"cmd", cmd}}, &rc);
   if (!ans) return rc;
-  if (as_json) out << ans->dump(2) << "\n";
+  if (as_json) out << to_text(*ans, 2) << "\n";
   else if (cmd == "status") {
     print_status(out, *ans);
     print_off_reasons(out, *ans);
@@ -146,7 +147,7 @@ int agent_command(std::ostream& out, const std::string& cmd, bool as_json) {
   else if (cmd == "peers") print_peers(out, *ans);
   else if (cmd == "members") print_members(out, *ans);
   else if (cmd == "sockets") print_sockets(out, *ans);
-  else out << ans->dump(2) << "\n";
+  else out << to_text(*ans, 2) << "\n";
   return 0;
 }
 
@@ -163,7 +164,7 @@ int probing_command(std::ostream& out, const ProbingArgs& a, bool as_json) {
   auto ans = ask_agent(req, &rc);
   if (!ans) return rc;
   const json& p = (*ans)["pause"];
-  if (as_json) out << ans->dump(2) << "\n";
+  if (as_json) out << to_text(*ans, 2) << "\n";
   else if (p.is_null()) out << "probing: no pause\n";
   else
     out << "probing paused from " << p["from_unix_ms"].get<int64_t>() << " to " << p["until_unix_ms"].get<int64_t>()

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "interpose/core/config.h"
+#include "interpose/core/json_text.h"
 
 extern char** environ;
 
@@ -71,7 +72,7 @@ int print_config(std::ostream& out, ConfigFormat fmt) {
       }
       nlohmann::json doc = {{"variables", j}, {"errors", nlohmann::json::array()}, {"warnings", warnings}};
       for (auto& e : errors) doc["errors"].push_back(e.message);
-      out << doc.dump(2) << "\n";
+      out << shunt::to_text(doc, 2) << "\n";  // values from the environment: any bytes
       break;
     }
     case ConfigFormat::markdown:

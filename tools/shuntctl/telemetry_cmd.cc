@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "interpose/core/json_text.h"
 #include "interpose/peer/control.h"
 #include "telemetry/metrics.h"
 
@@ -269,7 +270,7 @@ void print_event(std::ostream& out, const json& e) {
   static const char* skip[] = {"time", "wall_ns", "mono_ns", "event", "pid", "rank", "host", "job"};
   for (auto& [k, v] : e.items()) {
     if (std::find(std::begin(skip), std::end(skip), k) != std::end(skip)) continue;
-    out << " " << k << "=" << (v.is_string() ? v.get<std::string>() : v.dump());
+    out << " " << k << "=" << (v.is_string() ? v.get<std::string>() : shunt::to_text(v));
   }
   out << "\n";
 }
@@ -285,7 +286,7 @@ int paths_command(std::ostream& out, const LiveOptions& o) {
   double dt = now_s() - t0;
   json paths = paths_with_rates(*a, *b, dt), bundles = bundle_paths_with_rates(*a, *b, dt);
   if (o.json) {
-    out << json{{"paths", paths}, {"bundle_paths", bundles}}.dump(2) << "\n";
+    out << shunt::to_text(json{{"paths", paths}, {"bundle_paths", bundles}}, 2) << "\n";
   } else {
     print_paths(out, paths);
     print_bundle_paths(out, bundles);
@@ -305,7 +306,7 @@ int top_command(std::ostream& out, const LiveOptions& o) {
     double now = now_s();
     json f = top_frame(*a, *b, now - t);
     if (o.json) {
-      out << f.dump() << std::endl;  // one JSON object per line
+      out << shunt::to_text(f) << std::endl;  // one JSON object per line
     } else {
       if (tty) out << "\033[H\033[2J";
       print_top(out, f);
@@ -337,12 +338,12 @@ int events_command(std::ostream& out, const LiveOptions& o) {
   }
   auto evs = read_new(rs);
   if (o.json && !o.follow) {
-    out << json(evs).dump(2) << "\n";
+    out << shunt::to_text(json(evs), 2) << "\n";
     return 0;
   }
   for (;;) {
     for (auto& e : evs) {
-      if (o.json) out << e.dump() << "\n";
+      if (o.json) out << shunt::to_text(e) << "\n";
       else print_event(out, e);
     }
     out << std::flush;
