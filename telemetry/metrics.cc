@@ -144,11 +144,15 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   std::map<std::tuple<std::string, std::string, std::string>, std::pair<uint64_t, uint64_t>> conns;
   std::map<std::string, uint64_t> accepts;
   uint64_t subflows = 0;
-  if (m.contains("sockets"))
-    for (auto& s : m["sockets"]) {
+  // closed_sockets: older closed ones summed ("sockets" of them), so the
+  // totals stay whole while the report stays as small as the open sockets.
+  for (const char* key : {"sockets", "closed_sockets"}) {
+    if (!m.contains(key) || !m[key].is_array()) continue;
+    const bool summed = key[0] == 'c';
+    for (auto& s : m[key]) {
       std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
-      bool open = s.value("open", false);
-      (*sockets)[{open ? "open" : "closed", role}]++;
+      bool open = !summed && s.value("open", false);
+      (*sockets)[{open ? "open" : "closed", role}] += summed ? u64(s, "sockets") : 1;
       if (open) subflows += u64(s, "subflows");
       if (role == "listener") {
         accepts[local] += u64(s, "accepts");
@@ -158,6 +162,7 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
       c.first += u64(s, "tx_bytes");
       c.second += u64(s, "rx_bytes");
     }
+  }
   for (auto& [k, v] : conns) {
     auto& [role, local, remote] = k;
     Labels l = with(p, {{"role", role}, {"local", local}, {"remote", remote}});
@@ -287,12 +292,14 @@ json paths_view(const HostView& v) {
       q["path"] = local + "->" + remote;
       uint64_t tx = 0, rx = 0;
       for (auto& [pid, m] : v.members.items()) {
-        if (!m.contains("sockets")) continue;
-        for (auto& s : m["sockets"])
-          if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
-            tx += u64(s, "tx_bytes");
-            rx += u64(s, "rx_bytes");
-          }
+        for (const char* key : {"sockets", "closed_sockets"}) {
+          if (!m.contains(key) || !m[key].is_array()) continue;
+          for (auto& s : m[key])
+            if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
+              tx += u64(s, "tx_bytes");
+              rx += u64(s, "rx_bytes");
+            }
+        }
       }
       q["tx_bytes"] = tx;
       q["rx_bytes"] = rx;
