@@ -175,18 +175,23 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   std::map<std::tuple<std::string, std::string, std::string>, std::pair<uint64_t, uint64_t>> conns;
   std::map<std::string, uint64_t> accepts;
   uint64_t subflows = 0;
-  for (auto& s : list(m, "sockets")) {
-    std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
-    bool open = flag(s, "open");
-    (*sockets)[{open ? "open" : "closed", role}]++;
-    if (open) subflows += u64(s, "subflows");
-    if (role == "listener") {
-      accepts[local] += u64(s, "accepts");
-      continue;
+  // closed_sockets: older closed ones summed ("sockets" of them), so the
+  // totals stay whole while the report stays as small as the open sockets.
+  for (const char* key : {"sockets", "closed_sockets"}) {
+    const bool summed = key[0] == 'c';
+    for (auto& s : list(m, key)) {
+      std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
+      bool open = !summed && flag(s, "open");
+      (*sockets)[{open ? "open" : "closed", role}] += summed ? u64(s, "sockets") : 1;
+      if (open) subflows += u64(s, "subflows");
+      if (role == "listener") {
+        accepts[local] += u64(s, "accepts");
+        continue;
+      }
+      auto& c = conns[{role, local, remote}];
+      c.first += u64(s, "tx_bytes");
+      c.second += u64(s, "rx_bytes");
     }
-    auto& c = conns[{role, local, remote}];
-    c.first += u64(s, "tx_bytes");
-    c.second += u64(s, "rx_bytes");
   }
   for (auto& [k, v] : conns) {
     auto& [role, local, remote] = k;
@@ -315,11 +320,12 @@ json paths_view(const HostView& v) {
       q["path"] = local + "->" + remote;
       uint64_t tx = 0, rx = 0;
       for (auto& [pid, m] : v.members.items())
-        for (auto& s : list(m, "sockets"))
-          if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
-            tx += u64(s, "tx_bytes");
-            rx += u64(s, "rx_bytes");
-          }
+        for (const char* key : {"sockets", "closed_sockets"})
+          for (auto& s : list(m, key))
+            if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
+              tx += u64(s, "tx_bytes");
+              rx += u64(s, "rx_bytes");
+            }
       q["tx_bytes"] = tx;
       q["rx_bytes"] = rx;
       double f = real(p, "fwd_p50_ns", -1.0), r = real(p, "rev_p50_ns", -1.0);

@@ -22,18 +22,20 @@ namespace shunt::telemetry {
 namespace {
 using nlohmann::json;
 
-std::string addr_str(const sockaddr_storage& a, socklen_t len) {
+// any_port: a port 0 is written "*" (folded sockets' ephemeral end).
+std::string addr_str(const sockaddr_storage& a, socklen_t len, bool any_port = false) {
   if (len == 0) return "";
+  auto port = [&](uint16_t p) { return any_port && p == 0 ? std::string("*") : std::to_string(ntohs(p)); };
   char buf[INET6_ADDRSTRLEN] = "";
   if (a.ss_family == AF_INET) {
     auto* s = reinterpret_cast<const sockaddr_in*>(&a);
     inet_ntop(AF_INET, &s->sin_addr, buf, sizeof buf);
-    return std::string(buf) + ":" + std::to_string(ntohs(s->sin_port));
+    return std::string(buf) + ":" + port(s->sin_port);
   }
   if (a.ss_family == AF_INET6) {
     auto* s = reinterpret_cast<const sockaddr_in6*>(&a);
     inet_ntop(AF_INET6, &s->sin6_addr, buf, sizeof buf);
-    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(s->sin6_port));
+    return "[" + std::string(buf) + "]:" + port(s->sin6_port);
   }
   return "";
 }
@@ -160,21 +162,32 @@ json stats_json() {
     }
     qps.push_back(std::move(q));
   });
-  json socks = json::array();
-  sock::for_each([&](const sock::SocketRecord& r) {
-    json mptcp = r.mptcp.load() && r.open.load() ? sock::mptcp_json(r.fd) : json(nullptr);
+  json socks = json::array(), folded = json::array();
+  sock::Snapshot ss = sock::snapshot();
+  for (const sock::SocketInfo& r : ss.sockets) {
+    json mptcp = r.mptcp && r.open ? sock::mptcp_json(r.fd) : json(nullptr);
     socks.push_back({{"fd", r.fd},
                      {"family", r.family == AF_INET6 ? "inet6" : "inet"},
                      {"role", role_name(r.role)},
                      {"local", addr_str(r.local, r.local_len)},
                      {"peer", addr_str(r.peer, r.peer_len)},
-                     {"tx_bytes", r.tx_bytes.load()},
-                     {"rx_bytes", r.rx_bytes.load()},
-                     {"accepts", r.accepts.load()},
-                     {"open", r.open.load()},
-                     {"upgraded", r.mptcp.load()},
+                     {"tx_bytes", r.tx_bytes},
+                     {"rx_bytes", r.rx_bytes},
+                     {"accepts", r.accepts},
+                     {"open", r.open},
+                     {"upgraded", r.mptcp},
                      {"mptcp", std::move(mptcp)}});
-  });
+  }
+  // Older closed sockets, summed per role and service end ("*": any port).
+  for (const sock::FoldedInfo& f : ss.folded)
+    folded.push_back({{"role", role_name(f.role)},
+                      {"local", addr_str(f.local, f.local_len, true)},
+                      {"peer", addr_str(f.peer, f.peer_len, true)},
+                      {"sockets", f.sockets},
+                      {"upgraded", f.upgraded},
+                      {"tx_bytes", f.tx_bytes},
+                      {"rx_bytes", f.rx_bytes},
+                      {"accepts", f.accepts}});
   const char* modes[] = {"off", "observe", "active"};
   return {{"version", SHUNT_VERSION},
           {"host", valid_utf8(host)},
@@ -187,6 +200,8 @@ json stats_json() {
             {"qps", qps},
             {"stale_completions_dropped", verbs::g_stale_wcs.load()}}},
           {"sockets", socks},
+          {"closed_sockets", folded},
+          {"sockets_untracked", ss.cap_refused},
           {"bundles", bundles},
           {"replays", replays},
           {"job", job_id()},

@@ -72,16 +72,28 @@ struct ErrnoKeeper {
 
 EXPORT int socket(int domain, int type, int protocol) {
   bool act = acting() && is_tcp(domain, type, protocol) && sock::sockets_mode() != sock::SocketsMode::off;
+  if (!act) return SHUNT_REAL(socket)(domain, type, protocol);
+  sock::SocketRecord* r;
+  {
+    ErrnoKeeper k;
+    ReentryGuard g;
+    r = sock::reserve();
+  }
   int fd = -1;
   bool upgraded = false;
-  if (act && sock::upgrade_wanted()) {
+  // Only a socket shunt tracks may be MPTCP: only then are the options MPTCP
+  // refuses and SO_PROTOCOL made to look like TCP.
+  if (r && sock::upgrade_wanted()) {
     {
       ErrnoKeeper k;
       ReentryGuard g;
       sock::prepare_limits();
     }
     fd = SHUNT_REAL(socket)(domain, type, sock::kProtoMptcp);
-    if (fd >= 0) {
+    if (fd >= 0 && !sock::fits(fd)) {
+      SHUNT_REAL(close)(fd);
+      fd = -1;
+    } else if (fd >= 0) {
       upgraded = true;
     } else {
       ReentryGuard g;
@@ -89,15 +101,17 @@ EXPORT int socket(int domain, int type, int protocol) {
     }
   }
   if (fd < 0) fd = SHUNT_REAL(socket)(domain, type, protocol);
-  if (act && fd >= 0) {
-    ErrnoKeeper k;
-    ReentryGuard g;
-    if (sock::SocketRecord* r = sock::track(fd, domain, Role::unknown); r && upgraded) {
-      r->mptcp.store(true, std::memory_order_relaxed);
-      sock::count_upgrade();
-    }
-    agent::ensure_started();
+  ErrnoKeeper k;
+  ReentryGuard g;
+  if (fd < 0) {
+    sock::release(r);
+    return fd;
   }
+  if (sock::commit(r, fd, domain, Role::unknown) && upgraded) {
+    r->mptcp.store(true, std::memory_order_relaxed);
+    sock::count_upgrade();
+  }
+  agent::ensure_started();
   return fd;
 }
 

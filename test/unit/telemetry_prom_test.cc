@@ -98,6 +98,25 @@ TEST(TelemetryMetrics, MergesMembersWithExactValues) {
   EXPECT_TRUE(has(R"(shunt_build_info{version=")" SHUNT_VERSION R"("} 1)"));
 }
 
+// Older closed sockets come summed ("closed_sockets"): they count as many
+// sockets as they sum, and their bytes stay in the connection and path totals.
+TEST(TelemetryMetrics, SummedClosedSocketsKeepCountsAndBytes) {
+  HostView v;
+  v.members["100"] = member("0", 1);
+  v.members["100"]["closed_sockets"] = json::parse(R"([
+    {"role":"client","local":"10.0.0.1:*","peer":"10.0.0.2:6","sockets":40,"upgraded":40,"tx_bytes":4000,"rx_bytes":400,"accepts":0},
+    {"role":"listener","local":"10.0.0.1:7","peer":"","sockets":2,"upgraded":2,"tx_bytes":0,"rx_bytes":0,"accepts":9}])");
+  v.peers = json::parse(R"([{"peer":"b","clock":{"valid":false},
+    "paths":[{"rail":0,"local":"10.0.0.1","remote":"10.0.0.2","alive":true}]}])");
+  std::string t = render_metrics(v);
+  auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has(R"(shunt_sockets{state="closed",role="client"} 41)")) << t;
+  EXPECT_TRUE(has(R"(shunt_sockets{state="closed",role="listener"} 2)"));
+  EXPECT_TRUE(has(R"(shunt_socket_tx_bytes_total{pid="100",job="j",rank="0",role="client",local="10.0.0.1:*",remote="10.0.0.2:6"} 4000)"));
+  EXPECT_TRUE(has(R"(shunt_socket_accepts_total{pid="100",job="j",rank="0",local="10.0.0.1:7"} 9)"));
+  EXPECT_TRUE(has(R"(shunt_path_tx_bytes_total{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 4111)"));
+}
+
 TEST(TelemetryMetrics, ABundlesPathsShowWhichIsUpWhichCarriesAndWhatEachSent) {
   HostView v;
   v.members["100"] = member("0", 4096);
