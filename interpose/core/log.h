@@ -41,3 +41,32 @@ void error(fmt::format_string<A...> f, A&&... a) { at(LogLevel::error, f, std::f
 void once(LogLevel level, std::string_view key, std::string_view msg);
 
 }  // namespace shunt::log
+
+namespace shunt {
+
+// Runs the body of one of shunt's threads so that nothing it throws (a
+// peer's reply of an unexpected shape read with json::value(), a failed
+// allocation) ends the application's process, as an uncaught exception in
+// any thread would: it is logged once under `what`, and `on_throw` runs.
+template <typename F, typename G>
+void contained(std::string_view what, F&& body, G&& on_throw) noexcept {
+  std::string why;
+  try {
+    body();
+    return;
+  } catch (const std::exception& e) {
+    try {
+      why = e.what();
+    } catch (...) {
+    }
+  } catch (...) {
+    why = "an unknown exception";
+  }
+  try {
+    log::once(LogLevel::error, what, std::string(what) + " stopped: " + why);
+    on_throw(why);
+  } catch (...) {
+  }
+}
+
+}  // namespace shunt

@@ -2399,6 +2399,12 @@ void give_up(Bundle* b, const std::string& why) {
                    {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
 }
 
+// give_up on a thread of its own (callers hold locks it takes).
+void start_give_up(Bundle* b, std::string why) {
+  std::thread([b, why = std::move(why)] { contained("bundle give-up", [&] { give_up(b, why); }, [](const std::string&) {}); })
+      .detach();
+}
+
 // Asks the peer's shim until total_ms, on all of its addresses (its other
 // rails: the one behind its GID may be the one that failed), trying again
 // on new connections (new source ports, so where a spine is dead another
@@ -3013,7 +3019,7 @@ std::atomic<bool> g_gen_watch_ok{false};
 void start_gen_watch(const std::string& shm_name) {
   static std::once_flag once;
   std::call_once(once, [shm_name] {
-    std::thread([shm_name] {
+    std::thread([shm_name] { contained("probe generation watch", [&] {
       ReentryGuard guard;
       pthread_setname_np(pthread_self(), "shunt-probe-gen");
       clocksync::ClockReader r;
@@ -3037,7 +3043,7 @@ void start_gen_watch(const std::string& shm_name) {
         if (r.wait_paths_gen(seen, static_cast<int>(std::max<int64_t>(1, next_look - mono_ms()))))
           wake_probed_workers();
       }
-    }).detach();
+    }, [](const std::string&) {}); }).detach();
   });
 }
 
@@ -3302,7 +3308,9 @@ void wake_worker(Bundle* b) {
     if (!b->worker) start = b->worker = true;
   }
   b->wcv.notify_one();
-  if (start) std::thread(run_worker, b).detach();
+  // A worker that throws leaves its bundle without failover rather than
+  // ending the job; worker_exited still tells its waiters it is gone.
+  if (start) std::thread([b] { contained("bundle worker", [b] { run_worker(b); }, [](const std::string&) {}); }).detach();
 }
 
 // Every bundle this process made (they are never freed: `dead` marks the
@@ -3633,7 +3641,7 @@ void start_stall_watch() {
   if (g_watch_pid.exchange(me) == me) return;
   if (g_watch_wake >= 0) close(g_watch_wake);  // a forked child's copy of its parent's
   g_watch_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  std::thread(run_stall_watch).detach();
+  std::thread([] { contained("stall watch", run_stall_watch, [](const std::string&) {}); }).detach();
 }
 
 // Tells the watch that the live bundles changed; with wait, returns once
@@ -3702,10 +3710,10 @@ json answer_carrier_prepare(const json& req) {
   b->pending_from = begin_move(b, req.value("planned", false));
   int64_t mine = move_receives(b, to);
   if (mine < 0) {
-    std::thread(give_up, b, std::string("the receives could not move")).detach();
+    start_give_up(b, "the receives could not move");
     return {{"error", "the receives could not move"}};
   }
-  std::thread(watch_commit, b, moves).detach();
+  std::thread([b, moves] { contained("carrier commit watch", [=] { watch_commit(b, moves); }, [](const std::string&) {}); }).detach();
   return {{"to", to}, {"consumed", mine}, {"down", down_list(b)}};
 }
 
@@ -3719,7 +3727,7 @@ json answer_carrier_commit(const json& req) {
   int from = b->pending_from;
   if (to < 0 || to >= static_cast<int>(b->paths.size())) return {{"error", "no such path"}};
   if (!move_sends(b, from, to, req.value("consumed", uint64_t{0}), &info)) {
-    std::thread(give_up, b, info.value("error", std::string("?"))).detach();
+    start_give_up(b, info.value("error", std::string("?")));
     return {{"error", info.value("error", "")}};
   }
   event_moved(b, from, to, info, req.value("planned", false));
@@ -3834,7 +3842,10 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
       }
     }
   }
-  if (start) std::thread(run_setup, b).detach();
+  if (start)
+    std::thread([b] {
+      contained("bundle setup", [b] { run_setup(b); }, [b](const std::string& why) { fall_back(b, "setup failed: " + why); });
+    }).detach();
 }
 
 void bundle_on_destroy(QpRecord* r) {
@@ -4171,7 +4182,7 @@ json answer(const json& req, const std::string& cmd) {
     if (cmd == "bundle-give-up") {
       Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
       if (!b) return {{"error", "no such QP"}};
-      std::thread(give_up, b, "the peer's shim gave up: " + req.value("why", std::string("?"))).detach();
+      start_give_up(b, "the peer's shim gave up: " + req.value("why", std::string("?")));
       return {{"ok", true}};
     }
     if (cmd == "carrier-down") return answer_carrier_down(req);

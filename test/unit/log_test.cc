@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 using namespace shunt;
 
@@ -37,4 +39,20 @@ TEST(Log, HugeMessageIsCutWithItsLength) {
   unlink(path.c_str());
   EXPECT_LT(text.size(), 4096u + 200u);
   EXPECT_NE(text.find("... (1048576 bytes)"), std::string::npos);
+}
+
+TEST(Contained, AThrowingThreadBodyEndsThereWithItsReason) {
+  std::string seen;
+  std::thread t([&] {
+    contained("test thread", [] { throw std::runtime_error("a reply of the wrong shape"); },
+              [&](const std::string& why) { seen = why; });
+  });
+  t.join();  // an exception escaping the thread would have called std::terminate
+  EXPECT_EQ(seen, "a reply of the wrong shape");
+  bool ran = false, threw = false;
+  contained("test body", [&] { ran = true; }, [&](const std::string&) { threw = true; });
+  EXPECT_TRUE(ran);
+  EXPECT_FALSE(threw);
+  contained("test int", [] { throw 5; }, [&](const std::string& why) { seen = why; });
+  EXPECT_EQ(seen, "an unknown exception");
 }
