@@ -358,19 +358,22 @@ void ensure_started() {
   // own first report or at exit (test 14, about 1 run in 40 under load).
   (void)telemetry::event_log_path();
   register_builtin_services();
-  std::lock_guard lk(s.mu);
-  if (s.started.load()) return;
-  s.started.store(true, std::memory_order_release);
   ReentryGuard g;
   std::string refused;
-  s.dir = peer::run_dir(config().str(Param::run_dir), &refused);
+  {
+    std::lock_guard lk(s.mu);
+    if (s.started.load()) return;
+    s.started.store(true, std::memory_order_release);
+    s.dir = peer::run_dir(config().str(Param::run_dir), &refused);
+    s.sock_path = s.dir.empty() ? "" : s.dir + "/agent.sock";
+    s.lock_path = s.dir.empty() ? "" : s.dir + "/agent.lock";
+  }
+  // Logged with s.mu released: the fork handlers take the log's lock first.
   if (!refused.empty()) log::once(LogLevel::warn, "run-dir-refused", "host agent: " + refused);
   if (s.dir.empty()) {
     if (refused.empty()) log::once(LogLevel::warn, "run-dir", "no usable run directory (SHUNT_RUN_DIR): no host agent");
     return;
   }
-  s.sock_path = s.dir + "/agent.sock";
-  s.lock_path = s.dir + "/agent.lock";
   at_exit(at_exit_hook);
   std::thread(run).detach();
 }

@@ -28,6 +28,7 @@ run_host keyless SHUNT_JOB_KEY=
 n=$(grep -c "no probing" "$TMP/keyless.log")
 [ "$n" = 1 ] || { cat "$TMP/keyless.log"; fail "$n log lines say that nothing is probed, want 1"; }
 grep "no probing" "$TMP/keyless.log" | grep -q "set SHUNT_JOB_KEY" || fail "the line does not say what to set"
+grep "no probing" "$TMP/keyless.log" | grep -q "shunt warning: " || fail "the line is not a warning (a setting to make, not a fault)"
 grep -q "clocksync: rail" "$TMP/keyless.log" && fail "the engine opened a rail without a key"
 ok "no key: no probing, one line: $(grep "no probing" "$TMP/keyless.log")"
 run_host keyed SHUNT_JOB_KEY=keyless-e2e-$$
