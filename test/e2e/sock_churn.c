@@ -1,4 +1,4 @@
-// Socket churn for e2e test 15.
+// Socket churn for e2e tests 22-sock-churn-fork and 23-sock-record-cap.
 //   sock_churn churn CYCLES THREADS FORKS CONNS
 //     CONNS loopback connections carry 100 bytes each (client to accepted),
 //     then THREADS threads open and close CYCLES TCP sockets in all while
