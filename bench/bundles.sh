@@ -121,7 +121,7 @@ round() {
   local bw s1 s2
   # MB/s each job moved (bytes / time of the row): the busbw column has
   # three decimals of GB/s, too coarse for emulated links
-  bw=$(for t in A B; do grep -v '^#' "$TMP/$t-0" | awk 'NF == 13 && $9 == 0 { print $1 / $6 }'; done |
+  bw=$(for t in A B; do grep -v '^#' "$TMP/$t-0" | awk '$1 ~ /^[0-9]+$/ && NF == 13 && $9 == 0 { print $1 / $6 }'; done |
     awk '{ s += $1; n++ } END { if (n == 2) printf "%.2f", s; else print "nan" }')
   # leaf 1's uplinks carry the two jobs' data from rank 0 to rank 1
   s1=$(delta a b l1r0-s1 up_bytes)

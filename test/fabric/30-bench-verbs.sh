@@ -35,9 +35,9 @@ verbs_run() {
 # all rows have #wrong $2
 rows_wrong() {
   local n
-  n=$(grep -v '^#' "$1" | awk 'NF == 13' | wc -l)
+  n=$(grep -v '^#' "$1" | awk '$1 ~ /^[0-9]+$/ && NF == 13' | wc -l)
   [ "$n" -gt 0 ] || return 1
-  grep -v '^#' "$1" | awk -v w="$2" 'NF == 13 && $9 != w { bad = 1 } END { exit bad }'
+  grep -v '^#' "$1" | awk -v w="$2" '$1 ~ /^[0-9]+$/ && NF == 13 && $9 != w { bad = 1 } END { exit bad }'
 }
 
 for n in 2 4; do

@@ -88,7 +88,7 @@ a2a() {
   for ((r = 1; r < n; r++)); do
     wait "${pids[r - 1]}" || { cat "$TMP/$name-$r.out"; fail "shunt-bench rank $r failed"; }
   done
-  grep -v '^#' "$TMP/$name-0.out" | awk 'NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
+  grep -v '^#' "$TMP/$name-0.out" | awk '$1 ~ /^[0-9]+$/ && NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
     { cat "$TMP/$name-0.out"; fail "$verb: #wrong not 0"; }
   stats h1 "$name-0"
   py "$name-0" 'b=rc[0]["bundle"]; print(b["state"], [p["wrs"] for p in b["paths"]], "fences", b["fences"], "held", b["held"])'

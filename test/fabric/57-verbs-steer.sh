@@ -69,7 +69,7 @@ fab exec h1 -- "$B/bin/shuntctl" paths > "$TMP/paths.txt" 2>&1
 fab exec h1 -- touch /tmp/steer.stop  # the job ran until here, however long the steps above took
 wait $r0 || { cat "$TMP/rank0.out"; fail "rank 0 failed"; }
 wait $r1 || { cat "$TMP/rank1.out"; fail "rank 1 failed"; }
-grep -v '^#' "$TMP/rank0.out" | awk 'NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
+grep -v '^#' "$TMP/rank0.out" | awk '$1 ~ /^[0-9]+$/ && NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
   { cat "$TMP/rank0.out"; fail "#wrong not 0"; }
 fab exec h1 -- cat /tmp/st0.json > "$TMP/st0.json"
 fab exec h1 -- cat /tmp/ev0.jsonl > "$TMP/ev0.jsonl"

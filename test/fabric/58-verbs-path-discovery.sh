@@ -48,7 +48,7 @@ job_wait() {  # TAG...
   for p in "${PIDS[@]}"; do wait "$p" || { cat "$TMP/"*.out; fail "$*: a rank failed"; }; done
   PIDS=()
   for tag in "$@"; do
-    grep -v '^#' "$TMP/${tag}0.out" | awk 'NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
+    grep -v '^#' "$TMP/${tag}0.out" | awk '$1 ~ /^[0-9]+$/ && NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
       { cat "$TMP/${tag}0.out"; fail "$tag: #wrong not 0"; }
     fab exec h1 -- cat "/tmp/${tag}0.json" > "$TMP/$tag.json" || fail "$tag: no stats"
   done
