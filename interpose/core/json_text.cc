@@ -39,4 +39,23 @@ std::string valid_utf8(std::string_view s) {
   return out;
 }
 
+int json_nesting(std::string_view text) {
+  int depth = 0, most = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if (c == ']' || c == '}') {
+      depth--;
+    }
+  }
+  return most;
+}
+
 }  // namespace shunt

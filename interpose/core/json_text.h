@@ -22,4 +22,9 @@ std::string valid_utf8(std::string_view s);
 // or 0 when its first byte begins none.
 size_t utf8_sequence(std::string_view s);
 
+// How deep the arrays and objects of JSON text nest, outside its strings.
+// Checked before parsing: copying or destroying a parsed value recurses once
+// per level, so a deep enough request would overflow the stack.
+int json_nesting(std::string_view text);
+
 }  // namespace shunt

@@ -218,32 +218,12 @@ json handle(State& s, const json& req, uid_t peer_uid) {
   }
 }
 
-// How deep a line's arrays and objects nest, outside its strings.
-int nesting(const std::string& line) {
-  int depth = 0, most = 0;
-  bool in_string = false, escaped = false;
-  for (char c : line) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      most = std::max(most, ++depth);
-    } else if (c == ']' || c == '}') {
-      depth--;
-    }
-  }
-  return most;
-}
-
 // One request line (without its newline) to its answer line. A string
 // that is not UTF-8 is written with U+FFFD for its bad bytes: dump() would
 // throw.
 std::string answer(State& s, const std::string& line, uid_t peer_uid) {
   json ans;
-  if (nesting(line) > kMaxDepth) {
+  if (json_nesting(line) > kMaxDepth) {
     ans = {{"error", "a request nests deeper than " + std::to_string(kMaxDepth) + " levels"}};
   } else {
     json req = json::parse(line, nullptr, false);

@@ -36,16 +36,6 @@ bool unhex(const json& j, const char* field, std::array<uint8_t, N>* out) {
 
 void append(std::vector<uint8_t>* out, const std::vector<uint8_t>& v) { out->insert(out->end(), v.begin(), v.end()); }
 
-// Whether j nests no deeper than `left` levels: handlers copy what they
-// read, recursively, and 64 KiB of '[' would take the thread's stack.
-bool shallow(const json& j, int left) {
-  if (!j.is_structured()) return true;
-  if (left == 0) return false;
-  for (const auto& x : j)
-    if (!shallow(x, left - 1)) return false;
-  return true;
-}
-
 // Pops the next complete frame from buf; 1 = frame, 0 = need more, -1 = drop.
 int next_frame(std::vector<uint8_t>& buf, Frame* f, std::string* why) {
   size_t used = 0;
@@ -99,13 +89,14 @@ bool ServerSession::on_bytes(const uint8_t* p, size_t n, const RequestHandler& h
     if (!verify_frame(f, session_)) return *why = "bad MAC", false;
     if (f.seq != seq_in_ + 1) return *why = "sequence " + std::to_string(f.seq) + " after " + std::to_string(seq_in_), false;
     seq_in_ = f.seq;
-    json req = json::parse(f.payload, nullptr, false);
+    const bool deep = json_nesting(f.payload) > kMaxDepth;
+    json req = deep ? json() : json::parse(f.payload, nullptr, false);
     json ans;
     // The handler runs on the listener's thread: whatever it throws is the
     // request's error, never the end of the process.
     try {
-      if (!req.is_object()) ans = {{"error", "a request is a JSON object"}};
-      else if (!shallow(req, kMaxDepth)) ans = {{"error", "a request nests at most " + std::to_string(kMaxDepth) + " levels"}};
+      if (deep) ans = {{"error", "a request nests at most " + std::to_string(kMaxDepth) + " levels"}};
+      else if (!req.is_object()) ans = {{"error", "a request is a JSON object"}};
       else ans = h(req);
     } catch (const std::exception& e) {
       ans = {{"error", std::string("cannot answer: ") + e.what()}};

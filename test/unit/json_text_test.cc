@@ -100,3 +100,10 @@ TEST(JsonText, MetricsRenderReportsOfAnyShapeWithoutThrowing) {
 
 }  // namespace
 }  // namespace shunt
+
+TEST(JsonText, NestingCountsBracketsOutsideStrings) {
+  EXPECT_EQ(shunt::json_nesting("5"), 0);
+  EXPECT_EQ(shunt::json_nesting(R"({"a":[1,{"b":2}]})"), 3);
+  EXPECT_EQ(shunt::json_nesting(R"({"a":"[[[{{\"[["})"), 1);
+  EXPECT_EQ(shunt::json_nesting(std::string(100000, '[') + std::string(100000, ']')), 100000);
+}
