@@ -121,47 +121,49 @@ void write_at_exit() {
 }
 }  // namespace
 
-json stats_json() {
+json stats_json(Detail detail) {
   char host[256] = "unknown";
   gethostname(host, sizeof host - 1);
   json calls = json::object();
-  for (int i = 0; i < static_cast<int>(verbs::Call::count_); i++)
-    if (uint64_t n = verbs::call_count(static_cast<verbs::Call>(i)))
-      calls[verbs::call_name(static_cast<verbs::Call>(i))] = n;
   json devices = json::array();
-  verbs::for_each_context([&](const verbs::ContextRecord& c) {
-    devices.push_back({{"device", c.device},
-                       {"open", c.ctx.load() != nullptr},
-                       {"srq_recv_wrs", verbs::get(c.srq_recv_wrs)},
-                       {"notify_calls", verbs::get(c.notify_calls)},
-                       {"async_events", verbs::get(c.async_events)},
-                       {"untracked_qps", qp_stats(c.untracked)}});
-  });
   json qps = json::array(), bundles = json::array();
   uint64_t replays = 0;
-  verbs::for_each_qp([&](const verbs::QpRecord& r) {
-    json q = qp_stats(r.s);
-    q["device"] = r.device;
-    q["qpn"] = r.qpn;
-    q["type"] = qp_type_name(r.type);
-    q["extended"] = r.extended;
-    q["destroyed"] = r.destroyed.load();
-    if (r.shadow_of) q["shadow_of"] = r.primary_qpn;
-    if (auto bj = verbs::bundle_json(r); !bj.is_null()) {
-      // up: every path in service; degraded: some failed (or the
-      // application's QP was moved off); fallback: primary-only or given up
-      bool degraded = bj.value("primary_down", false);
-      for (const auto& pj : bj["paths"]) degraded |= pj.value("down", false);
-      if (!r.destroyed.load())
-        bundles.push_back({{"qpn", r.qpn},
-                           {"device", r.device},
-                           {"state", !bj.value("active", false) ? "fallback" : degraded ? "degraded" : "up"},
-                           {"paths", bundle_paths(bj)}});
-      replays += bj.value("replayed", uint64_t{0});
-      q["bundle"] = std::move(bj);
-    }
-    qps.push_back(std::move(q));
-  });
+  if (detail == Detail::full) {
+    for (int i = 0; i < static_cast<int>(verbs::Call::count_); i++)
+      if (uint64_t n = verbs::call_count(static_cast<verbs::Call>(i)))
+        calls[verbs::call_name(static_cast<verbs::Call>(i))] = n;
+    verbs::for_each_context([&](const verbs::ContextRecord& c) {
+      devices.push_back({{"device", c.device},
+                         {"open", c.ctx.load() != nullptr},
+                         {"srq_recv_wrs", verbs::get(c.srq_recv_wrs)},
+                         {"notify_calls", verbs::get(c.notify_calls)},
+                         {"async_events", verbs::get(c.async_events)},
+                         {"untracked_qps", qp_stats(c.untracked)}});
+    });
+    verbs::for_each_qp([&](const verbs::QpRecord& r) {
+      json q = qp_stats(r.s);
+      q["device"] = r.device;
+      q["qpn"] = r.qpn;
+      q["type"] = qp_type_name(r.type);
+      q["extended"] = r.extended;
+      q["destroyed"] = r.destroyed.load();
+      if (r.shadow_of) q["shadow_of"] = r.primary_qpn;
+      if (auto bj = verbs::bundle_json(r); !bj.is_null()) {
+        // up: every path in service; degraded: some failed (or the
+        // application's QP was moved off); fallback: primary-only or given up
+        bool degraded = bj.value("primary_down", false);
+        for (const auto& pj : bj["paths"]) degraded |= pj.value("down", false);
+        if (!r.destroyed.load())
+          bundles.push_back({{"qpn", r.qpn},
+                             {"device", r.device},
+                             {"state", !bj.value("active", false) ? "fallback" : degraded ? "degraded" : "up"},
+                             {"paths", bundle_paths(bj)}});
+        replays += bj.value("replayed", uint64_t{0});
+        q["bundle"] = std::move(bj);
+      }
+      qps.push_back(std::move(q));
+    });
+  }
   json socks = json::array(), folded = json::array();
   sock::Snapshot ss = sock::snapshot();
   for (const sock::SocketInfo& r : ss.sockets) {

@@ -6,7 +6,10 @@
 
 namespace shunt::telemetry {
 
-nlohmann::json stats_json();
+// What a snapshot holds: everything, or the process's sockets and
+// identity alone (no verbs section: no walk over every QP and bundle).
+enum class Detail { full, sockets };
+nlohmann::json stats_json(Detail detail = Detail::full);
 // Writes stats_json() to the expanded SHUNT_STATS_FILE; false on error.
 bool write_stats_file(const std::string& pattern);
 // Registers the exit hook when SHUNT_STATS_FILE is set (called at init).

@@ -10,6 +10,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
+#include "telemetry/stats_file.h"
 
 namespace {
 __attribute__((noinline)) int provider_post_send(ibv_qp*, ibv_send_wr* wr, ibv_send_wr**) {
@@ -112,8 +113,36 @@ void poll_cq(benchmark::State& st, shunt::Mode mode, bool bypass) {
   ibv_wc wc[4];
   for (auto _ : st) benchmark::DoNotOptimize(ibv_poll_cq(&d->cq, 4, wc));
 }
+
+// One process snapshot (stats_json), what every preloaded process builds
+// once per SHUNT_REPORT_INTERVAL_MS for the host agent: three bundles (a
+// 4-rank all-to-all's peers) of 16 shadows each (8 per rail, 2 rails).
+void snapshot(benchmark::State& st) {
+  auto d = std::make_unique<Device>(shunt::Mode::active);
+  constexpr int kPeers = 3, kShadows = 16;
+  std::vector<ibv_qp> apps(kPeers), shadows(kPeers * kShadows);
+  for (int i = 0; i < kPeers; i++) {
+    apps[i] = d->qp;
+    apps[i].qp_num = 100 + i;
+    shunt::verbs::on_create_qp(&apps[i], false);
+    std::vector<ibv_qp*> mine;
+    for (int k = 0; k < kShadows; k++) {
+      ibv_qp& s = shadows[i * kShadows + k];
+      s = d->qp;
+      s.qp_num = 1000 + i * kShadows + k;
+      mine.push_back(&s);
+    }
+    shunt::verbs::bundle_attach_for_test(shunt::verbs::find_qp(&apps[i]), mine);
+  }
+  for (auto _ : st) benchmark::DoNotOptimize(shunt::telemetry::stats_json());
+  for (auto& a : apps) {
+    shunt::verbs::bundle_detach_for_test(shunt::verbs::find_qp(&a));
+    shunt::verbs::untrack_qp(&a);
+  }
+}
 }  // namespace
 
+BENCHMARK(snapshot)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(post_send, unpatched, shunt::Mode::observe, true);
 BENCHMARK_CAPTURE(post_send, off, shunt::Mode::off, false);
 BENCHMARK_CAPTURE(post_send, observe, shunt::Mode::observe, false);

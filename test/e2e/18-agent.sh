@@ -67,6 +67,25 @@ for p in $a $b; do
   ok "process $p's agent thread woke $((n1 - n0)) times in a second"
 done
 
+# The agent's own process is snapshotted when something reads the members,
+# not at every report (a snapshot walks every QP and bundle: on one-CPU
+# guests one a second cost a job a tenth of its CPU); what is read is the
+# whole snapshot, and fresh.
+ctl status --json > "$TMP/own1"
+sleep 1.5
+ctl status --json > "$TMP/own2"
+n1=$(jget "$TMP/own1" 'd["own_snapshots"]') n2=$(jget "$TMP/own2" 'd["own_snapshots"]')
+[ $((n2 - n1)) -le 1 ] || fail "the agent built $((n2 - n1)) snapshots of itself in 1.5 s with one read"
+ok "one snapshot of the agent's own process per read ($n1, then $n2)"
+python3 - "$SHUNT_RUN_DIR/agent.sock" "$a" <<'PY' || fail "the agent's own entry is not a whole, fresh snapshot"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b'{"cmd":"members"}\n')
+own = json.loads(s.makefile().readline())["members"][sys.argv[2]]
+assert "qps" in own["verbs"] and "calls" in own["verbs"], own.keys()
+PY
+m=$(jget "$TMP/own2" '[x["report_age_ms"] for x in d["members"] if x["pid"] == '"$a"'][0]')
+[ "$m" -lt 1000 ] || fail "the agent's own entry was $m ms old when read"
+
 # The agent dies (no chance to clean up); the kernel releases its lock.
 kill -KILL $a
 wait $a 2>/dev/null
