@@ -214,9 +214,7 @@ json handle_request(State& s, const json& req, uid_t peer_uid) {
     return {{"error", "a request is an object with a string \"cmd\""}};
   const std::string cmd = req["cmd"];
   if (cmd == "report") return take_report(s, req, peer_uid);
-  auto it = s.commands.find(cmd);
-  const bool reads_members = cmd == "status" || cmd == "members" || it != s.commands.end();
-  if (reads_members && s.is_agent.load()) refresh_own(s);
+  if ((cmd == "status" || cmd == "members") && s.is_agent.load()) refresh_own(s);
   if (cmd == "status") {
     json m = json::array();
     for (const auto& [pid, snap] : s.members.items()) m.push_back(member_status(pid, snap));
@@ -227,6 +225,7 @@ json handle_request(State& s, const json& req, uid_t peer_uid) {
             {"own_snapshots", s.own_snapshots}};
   }
   if (cmd == "members") return {{"members", s.members}};
+  auto it = s.commands.find(cmd);
   if (it == s.commands.end()) return {{"error", "unknown command " + cmd}};
   if (s.controls.count(cmd) && peer_uid != 0 && peer_uid != geteuid())
     return {{"error", cmd + " is taken from this user and root only"}};
@@ -403,7 +402,11 @@ void register_service(Service svc) {
   st().services.push_back(std::move(svc));
 }
 
-const json& members() { return st().members; }
+const json& members() {
+  State& s = st();
+  if (s.is_agent.load()) refresh_own(s);
+  return s.members;
+}
 
 void on_report(ReportListener l) {
   std::lock_guard lk(st().mu);

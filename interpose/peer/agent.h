@@ -37,11 +37,13 @@ struct Service {
 void register_service(Service s);
 
 // What the agent knows of every process on the host: pid -> its latest
-// report (telemetry::stats_json() plus "reported_ms"). Agent thread only.
+// report (telemetry::stats_json() plus "reported_ms"); the agent's own is
+// taken now (at most once per report interval). Agent thread only.
 const nlohmann::json& members();
 
-// Called on the agent thread each time a process's report (the agent's own
-// included) has been stored in members(), with its pid and that report.
+// Called on the agent thread each time a process's report has been stored
+// in members(), with its pid and that report; for the agent's own process,
+// every report interval, with its sockets alone (no "verbs").
 // Keep it short. Register before ensure_started().
 using ReportListener = std::function<void(const std::string& pid, const nlohmann::json& report)>;
 void on_report(ReportListener l);
