@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every manual page is lint-clean, the ENVIRONMENT list of libshunt(7) is
-# exactly the registry's variables, and the README's table is the registry's.
+# exactly the registry's variables, and docs/configuration.md's table is the registry's.
 # timeout: 30
 . "$(dirname "$0")/../lib.sh"
 command -v mandoc >/dev/null || fail "mandoc missing (make deps installs it)"
@@ -26,10 +26,10 @@ sys.exit(1 if missing or not texts else 0)
 PY
 ok "libshunt.7 carries the longer text of every variable that has one"
 "$B/bin/shuntctl" config --markdown > "$TMP/table"
-python3 - "$ROOT/README.md" "$TMP/table" <<'PY' || fail "README's configuration table differs from shuntctl config --markdown"
+python3 - "$ROOT/docs/configuration.md" "$TMP/table" <<'PY' || fail "docs/configuration.md's table differs from shuntctl config --markdown"
 import sys
-readme = open(sys.argv[1]).read()
+doc = open(sys.argv[1]).read()
 table = open(sys.argv[2]).read()
-sys.exit(0 if table in readme else 1)
+sys.exit(0 if table in doc else 1)
 PY
-ok "README table matches the registry"
+ok "docs/configuration.md table matches the registry"
