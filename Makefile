@@ -70,7 +70,7 @@ MICRO_BIN   := $(BUILD)/bench/micro
 MAN_STATIC  := $(wildcard man/*.[1-9])
 MAN_GEN     := $(patsubst man/%.in,$(BUILD)/man/%,$(wildcard man/*.in))
 
-.PHONY: demo readme-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
+.PHONY: demo config-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
 all: $(SHUNT_SO) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
 
 -include mk/*.mk
@@ -185,11 +185,11 @@ install: all
 	for p in $(MAN_STATIC) $(MAN_GEN); do s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s; \
 	  install -m 0644 $$p $(DESTDIR)$(PREFIX)/share/man/man$$s/; done
 
-# Rewrites the README's configuration table from the registry.
-readme-table: $(BUILD)/bin/shuntctl
+# Rewrites the configuration table of docs/configuration.md from the registry.
+config-table: $(BUILD)/bin/shuntctl
 	$(BUILD)/bin/shuntctl config --markdown > $(BUILD)/config-table.md
-	python3 -c 'import sys,re; r=open("README.md").read(); t=open(sys.argv[1]).read(); \
-	  open("README.md","w").write(re.sub(r"(<!-- config:begin -->\n).*?(<!-- config:end -->)", lambda m: m.group(1)+t+m.group(2), r, flags=re.S))' $(BUILD)/config-table.md
+	python3 -c 'import sys,re; r=open("docs/configuration.md").read(); t=open(sys.argv[1]).read(); \
+	  open("docs/configuration.md","w").write(re.sub(r"(<!-- config:begin -->\n).*?(<!-- config:end -->)", lambda m: m.group(1)+t+m.group(2), r, flags=re.S))' $(BUILD)/config-table.md
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c')

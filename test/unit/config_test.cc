@@ -52,6 +52,15 @@ TEST(Config, EveryDefaultParsesAndNamesAreUnique) {
   EXPECT_EQ(c.source(Param::mode), "default");
 }
 
+// shuntctl config prints each help on one line; the longer text is the man page's (params_long.def).
+TEST(Config, EveryHelpIsOneLineOfAtMost100Characters) {
+  for (auto& s : param_specs()) {
+    std::string help = s.help;
+    EXPECT_LE(help.size(), 100u) << s.name << ": " << help;
+    EXPECT_EQ(help.find_first_of("\r\n"), std::string::npos) << s.name;
+  }
+}
+
 TEST(Config, EnvironmentSetsEnum) {
   Env env{{{"SHUNT_MODE", "observe"}, {"SHUNT_CONF_FILE", ""}}};
   std::vector<ConfigError> errors;

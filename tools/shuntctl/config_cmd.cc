@@ -37,6 +37,18 @@ std::string allowed(const ParamSpec& s) {
   return "";
 }
 
+// The man pages' text after the one-line help (params_long.def); a duplicate or
+// unknown id does not compile.
+const char* long_help(Param p) {
+  switch (p) {
+#define SHUNT_PARAM_LONG(id, text) \
+  case Param::id: return text;
+#include "interpose/core/params_long.def"
+#undef SHUNT_PARAM_LONG
+    default: return "";
+  }
+}
+
 // What a bad value of the variable does.
 std::string on_bad(const ParamSpec& s) { return s.scope == ParamScope::Data ? "shunt off" : "ignored, warning"; }
 std::string scope_name(const ParamSpec& s) { return s.scope == ParamScope::Data ? "data" : "report"; }
@@ -82,8 +94,11 @@ int print_config(std::ostream& out, ConfigFormat fmt) {
             << allowed(s) << " | " << (s.kind == ParamKind::Str ? "" : on_bad(s)) << " | " << s.help << " |\n";
       break;
     case ConfigFormat::man:
-      for (auto& s : specs) {
-        out << ".It Ev " << s.name << "\n" << roff(s.help) << "\n.Pp\nType " << kind_name(s);
+      for (int i = 0; i < kParamCount; i++) {
+        const ParamSpec& s = specs[i];
+        out << ".It Ev " << s.name << "\n" << roff(s.help) << "\n";
+        if (*long_help(static_cast<Param>(i))) out << roff(long_help(static_cast<Param>(i))) << "\n";
+        out << ".Pp\nType " << kind_name(s);
         if (s.kind != ParamKind::Str) out << ", allowed " << roff(allowed(s));
         out << ", default " << (*s.def ? "\\(lq" + roff(s.def) + "\\(rq" : std::string("empty")) << ".\n";
         if (s.kind != ParamKind::Str)

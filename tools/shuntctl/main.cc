@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   bool json = false, markdown = false, man = false;
   auto* config = app.add_subcommand("config", "Every SHUNT_* variable: default, value in force here, help");
   config->add_flag("--json", json, "JSON output");
-  config->add_flag("--markdown", markdown, "Markdown table (the README's)");
+  config->add_flag("--markdown", markdown, "Markdown table (docs/configuration.md's)");
   config->add_flag("--man", man, "mdoc list items (the man pages' ENVIRONMENT)");
   struct AgentCmd {
     const char* name;
