@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clocksync/path_view.h"
+#include "telemetry/agent_services.h"
 #include "telemetry/metrics.h"
 #include "telemetry/prom.h"
 
@@ -273,6 +274,27 @@ TEST(TelemetryMetrics, MptcpBytesGoToThePathsTheirSubflowsUsed) {
   EXPECT_TRUE(has_line(t, R"(shunt_socket_subflows{rank="0"} 2)"));
   json p = paths_view(v);
   EXPECT_EQ(p[1]["tx_bytes"], 4000) << p.dump();
+}
+}  // namespace
+}  // namespace shunt::telemetry
+
+namespace shunt::telemetry {
+namespace {
+TEST(TelemetryListenAddr, TakesPortAloneIpv6AndHostNames) {
+  std::string h;
+  int p = 0;
+  EXPECT_TRUE(parse_listen_addr(":9471", &h, &p));
+  EXPECT_EQ(h, "");
+  EXPECT_EQ(p, 9471);
+  EXPECT_TRUE(parse_listen_addr("[::1]:9472", &h, &p));
+  EXPECT_EQ(h, "::1");
+  EXPECT_EQ(p, 9472);
+  EXPECT_TRUE(parse_listen_addr("localhost:80", &h, &p));
+  EXPECT_EQ(h, "localhost");
+  EXPECT_TRUE(parse_listen_addr("127.0.0.1:0", &h, &p));
+  EXPECT_EQ(h, "127.0.0.1");
+  for (const char* bad : {"9471", "::1:9471", "[::1]", "[zz]:1", "a b:1", "h:70000", "h:", "h:-1", "h:1x"})
+    EXPECT_FALSE(parse_listen_addr(bad, &h, &p)) << bad;
 }
 }  // namespace
 }  // namespace shunt::telemetry
