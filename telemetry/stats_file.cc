@@ -131,15 +131,22 @@ struct SubflowBytes {
   std::string local, remote;  // addresses, no ports
   uint64_t tx = 0, rx = 0;
 };
+// socket (fd, local, peer) -> subflow ("local->remote", ports included) -> bytes;
+// never freed: a report at exit may come after static destructors.
+using SubflowMap = std::map<std::string, std::map<std::string, SubflowBytes>>;
 std::mutex g_subflows_mu;
-// socket (fd, local, peer) -> subflow ("local->remote", ports included) -> bytes
-std::map<std::string, std::map<std::string, SubflowBytes>> g_subflows;
+SubflowMap* g_subflows = new SubflowMap;
+struct SubflowsForkSafety {  // a fork while a report holds the lock
+  SubflowsForkSafety() {
+    on_fork([] { g_subflows_mu.lock(); }, [] { g_subflows_mu.unlock(); }, [] { g_subflows_mu.unlock(); });
+  }
+} g_subflows_fork_safety;
 
 // The connection's bytes per pair of addresses its subflows used (tx acked,
 // rx received), or null for a socket whose subflows were never seen.
 json subflow_paths(const std::string& key, const json& mptcp) {
   std::lock_guard<std::mutex> lk(g_subflows_mu);
-  auto& seen = g_subflows[key];
+  auto& seen = (*g_subflows)[key];
   if (mptcp.is_object() && mptcp.contains("subflow"))
     for (const auto& f : mptcp["subflow"]) {
       if (!f.contains("local") || !f.contains("remote")) continue;
@@ -151,7 +158,7 @@ json subflow_paths(const std::string& key, const json& mptcp) {
       b.rx = std::max(b.rx, f.value("bytes_received", uint64_t{0}));
     }
   if (seen.empty()) {
-    g_subflows.erase(key);
+    g_subflows->erase(key);
     return nullptr;
   }
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> sum;
@@ -169,7 +176,7 @@ json subflow_paths(const std::string& key, const json& mptcp) {
 // Drops what is kept for sockets no longer listed.
 void forget_subflows(const std::set<std::string>& listed) {
   std::lock_guard<std::mutex> lk(g_subflows_mu);
-  std::erase_if(g_subflows, [&](const auto& e) { return !listed.count(e.first); });
+  std::erase_if(*g_subflows, [&](const auto& e) { return !listed.count(e.first); });
 }
 
 void write_at_exit() {
