@@ -206,7 +206,10 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
     x.add("shunt_socket_rx_bytes_total", l, v.second);
   }
   for (auto& [local, n] : accepts) x.add("shunt_socket_accepts_total", with(p, {{"local", local}}), n);
-  x.add("shunt_socket_subflows", p, subflows);
+  // An exited process's last gauges are no state of now; its counters stay
+  // in the sums (they never go backwards).
+  const bool running = !flag(m, "final");
+  if (running) x.add("shunt_socket_subflows", p, subflows);
   std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
   // Bundle paths summed per device, NIC and path index over the rank's QPs
   // (source ports and QP numbers change with every renewal and connection).
@@ -214,11 +217,12 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
     bundles[str(b, "state")]++;
     for (auto& q : list(b, "paths")) {
       Labels l = with(p, {{"device", str(b, "device")}, {"nic", str(q, "nic")}, {"path", str(q, "path")}});
+      x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
+      x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+      if (!running) continue;
       x.add("shunt_bundle_paths", l, 1);
       x.add("shunt_bundle_path_up", l, flag(q, "up") ? 1 : 0);
       x.add("shunt_bundle_path_carrier", l, flag(q, "carrier") ? 1 : 0);
-      x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
-      x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
       if (at(q, "share").is_number()) x.add_max("shunt_bundle_path_share", l, real(q, "share", 1.0));
       if (at(q, "queue").is_object()) {
         x.add_max("shunt_bundle_path_queue_seconds", l, real(at(q, "queue"), "excess_ns", 0.0) / 1e9);
@@ -226,7 +230,8 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
       }
     }
   }
-  for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
+  if (running)
+    for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
   const json& ev = dict(m, "events");
   x.add("shunt_failovers_total", p, u64(ev, "failover"));
   x.add("shunt_failbacks_total", p, u64(ev, "failback"));

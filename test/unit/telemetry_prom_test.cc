@@ -212,6 +212,25 @@ TEST(TelemetryMetrics, SeriesAreByJobRankAndDeviceNotByProcessOrQp) {
     EXPECT_EQ(t.find(label), std::string::npos) << label;
 }
 
+// Summed over a rank's processes, an exited one's last state would count
+// as now: its counters stay, its gauges go.
+TEST(TelemetryMetrics, AnExitedProcessKeepsItsCountersNotItsGauges) {
+  HostView v;
+  v.members["100"] = member("0", 1);
+  v.members["101"] = member("0", 1);
+  v.members["101"]["final"] = true;
+  for (const char* pid : {"100", "101"})
+    v.members[pid]["bundles"] = json::parse(R"([{"qpn":17,"device":"rxe0","state":"up","paths":[
+      {"path":"0","nic":"rxe0","udp_sport":50001,"up":true,"carrier":true,"tx_bytes":10,"fails":1}]}])");
+  std::string t = render_metrics(v);
+  const std::string l = R"({shunt_job="j",rank="0",device="rxe0",nic="rxe0",path="0"})";
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_up" + l + " 1")) << t;
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_carrier" + l + " 1"));
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_tx_bytes_total" + l + " 20"));
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_failures_total" + l + " 2"));
+  EXPECT_TRUE(has_line(t, R"(shunt_bundles{shunt_job="j",rank="0",state="up"} 1)"));
+}
+
 TEST(TelemetryMetrics, SocketSeriesHaveAddressesWithoutPorts) {
   HostView v;
   v.members["100"] = member("0", 1);
