@@ -42,7 +42,15 @@ void PathView::on_feedback(int64_t now, uint32_t rx_count, uint64_t seq) {
   push(fb_, nfb_, hfb_, Count{now, 2 * (seq - first_seq_ + 1), rx_count});
 }
 
+void DelayHistogram::add(double ns) {
+  for (size_t i = 0; i < le.size(); i++)
+    if (ns <= kDelayBucketsNs[i]) le[i]++;
+  count++;
+  sum_ns += std::max(ns, 0.0);
+}
+
 void PathView::add_delay(int64_t now, bool forward, double owd_ns) {
+  (forward ? fwd_hist_ : rev_hist_).add(owd_ns);
   if (forward)
     push(fwd_, nf_, hf_, Delay{now, float(owd_ns)});
   else
@@ -78,6 +86,8 @@ PathStats PathView::stats(int64_t now) const {
   s.received = rx_;
   s.last_heard_ns = std::min(last_rx_, last_fb_progress_);
   s.fwd_queue = fwd_queue_.state();
+  s.fwd_hist = fwd_hist_;
+  s.rev_hist = rev_hist_;
   auto q = [&](const std::array<Delay, kRing>& ring, int n, double* p50, double* p99) {
     std::vector<float> v;
     v.reserve(n);

@@ -13,8 +13,20 @@
 
 namespace shunt::clocksync {
 
+// One direction's delays since the path began, cumulative per upper bound
+// (a Prometheus histogram: bucket i counts delays <= kDelayBucketsNs[i]).
+inline constexpr std::array<double, 16> kDelayBucketsNs{1e3,  2.5e3, 5e3, 10e3,  25e3, 50e3,  100e3, 250e3,
+                                                       500e3, 1e6,  2.5e6, 5e6, 10e6, 25e6, 100e6, 1e9};
+struct DelayHistogram {
+  std::array<uint64_t, kDelayBucketsNs.size()> le{};  // cumulative
+  uint64_t count = 0;
+  double sum_ns = 0;  // negative delays (a clock error) count as 0
+  void add(double ns);
+};
+
 struct PathStats {
   bool alive = false;
+  DelayHistogram fwd_hist, rev_hist;
   double fwd_p50_ns = -1, fwd_p99_ns = -1;  // us -> peer; -1 until the clock model exists
   double rev_p50_ns = -1, rev_p99_ns = -1;  // peer -> us
   double fwd_loss = 0, rev_loss = 0;        // fraction of probes lost in the window
@@ -73,6 +85,7 @@ class PathView {
   CongestionDetector fwd_queue_;
   bool queue_on_model_ = false;
   std::array<Delay, kRing> fwd_{}, rev_{};
+  DelayHistogram fwd_hist_, rev_hist_;
   int nf_ = 0, nr_ = 0, hf_ = 0, hr_ = 0;
   std::array<Count, 64> fb_{};
   int nfb_ = 0, hfb_ = 0;

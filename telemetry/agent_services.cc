@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "clocksync/engine.h"
 #include "interpose/core/json_text.h"
@@ -101,26 +103,57 @@ HttpAnswer answer_http(const std::string&, const std::string& path) {
   return {"404 Not Found", "text/plain", "not found\n"};
 }
 
+// One listening socket for an address getaddrinfo gave; -1 and errno when not.
+int listen_one(const addrinfo& ai) {
+  // Non-blocking: a client that goes between poll and accept must not park
+  // the loop in accept (the textfile would stop being written too).
+  int fd = ::socket(ai.ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  int one = 1, zero = 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // ":PORT" binds "::" for IPv4 too, as a Prometheus exporter's ":PORT" does.
+  if (ai.ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  if (::bind(fd, ai.ai_addr, ai.ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
 int listen_on(const std::string& text) {
   std::string host;
   int port = 0;
   if (!parse_listen_addr(text, &host, &port)) {
-    log::warn("SHUNT_METRICS_ADDR: '{}' is not IPV4:PORT", text);
+    log::warn("SHUNT_METRICS_ADDR: '{}' is not HOST:PORT, :PORT or [IPV6]:PORT", text);
     return -1;
   }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  // Non-blocking: a client that goes between poll and accept must not park
-  // the loop in accept (the textfile would stop being written too).
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int one = 1;
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 128) != 0) {
-    // Said quietly: another job's agent on this host may hold the port.
-    log::info("metrics: cannot listen on {}: {}", text, strerror(errno));
-    if (fd >= 0) ::close(fd);
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    log::warn("metrics: cannot listen on {}: {}", text, gai_strerror(rc));
+    return -1;
+  }
+  // The wildcard's IPv6 form first: it takes IPv4 clients too.
+  std::vector<const addrinfo*> order;
+  for (const addrinfo* a = res; a; a = a->ai_next)
+    if (a->ai_family == AF_INET6 && host.empty()) order.push_back(a);
+  for (const addrinfo* a = res; a; a = a->ai_next)
+    if (a->ai_family == AF_INET || (a->ai_family == AF_INET6 && !host.empty())) order.push_back(a);
+  int fd = -1, err = EADDRNOTAVAIL;
+  for (const addrinfo* a : order) {
+    if ((fd = listen_one(*a)) >= 0) break;
+    err = errno;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    // Another job's agent on this host may hold the port: then this job has
+    // no endpoint of its own, which its operator needs to hear.
+    log::warn("metrics: cannot listen on {}: {}{}; this agent serves no /metrics (set SHUNT_METRICS_ADDR)", text,
+              strerror(err), err == EADDRINUSE ? " (another process, perhaps another job's agent, holds it)" : "");
     return -1;
   }
   log::info("metrics: serving http://{}/metrics", text);
@@ -181,14 +214,22 @@ void start() {
 
 bool parse_listen_addr(const std::string& text, std::string* host, int* port) {
   size_t c = text.rfind(':');
-  if (c == std::string::npos || c == 0 || c + 1 >= text.size()) return false;
-  *host = text.substr(0, c);
-  in_addr a;
-  if (inet_pton(AF_INET, host->c_str(), &a) != 1) return false;
-  char* end = nullptr;
-  long p = strtol(text.c_str() + c + 1, &end, 10);
-  if (*end != '\0' || p < 0 || p > 65535) return false;
-  *port = static_cast<int>(p);
+  if (c == std::string::npos || c + 1 >= text.size()) return false;
+  std::string h = text.substr(0, c);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') {
+    h = h.substr(1, h.size() - 2);
+    in6_addr a6;
+    if (inet_pton(AF_INET6, h.c_str(), &a6) != 1) return false;
+  } else if (h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != std::string::npos ||
+             h.size() > 253) {
+    return false;  // a name or an IPv4 literal; an IPv6 one goes in brackets
+  }
+  const std::string p = text.substr(c + 1);
+  if (p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) return false;
+  long n = std::stol(p);
+  if (n > 65535) return false;
+  *host = h;
+  *port = static_cast<int>(n);
   return true;
 }
 

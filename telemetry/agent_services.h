@@ -16,7 +16,8 @@ namespace shunt::telemetry {
 // after the probe engine's own registration so it starts after it.
 void register_agent_services(std::function<clocksync::ProbeEngine*()> engine);
 
-// "HOST:PORT" (IPv4) -> address and port; false when malformed.
+// "HOST:PORT" (an IPv4 literal or a host name), "[IPV6]:PORT" or ":PORT"
+// (every address: host empty) -> host and port; false when malformed.
 bool parse_listen_addr(const std::string& text, std::string* host, int* port);
 
 }  // namespace shunt::telemetry

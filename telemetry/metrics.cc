@@ -69,9 +69,12 @@ const json& dict(const json& j, const char* key) {
   return v.is_object() ? v : *empty;
 }
 
-Labels proc_labels(const std::string& pid, const json& m) {
-  Labels l{{"pid", pid}};
-  if (auto j = str(m, "job"); !j.empty()) l.emplace_back("job", j);
+// A process's series carry its job and rank, never its pid: processes come
+// and go, the job's ranks on a host are as many as its GPUs. "job" is the
+// scrape job's label in Prometheus, so the job's own id is "shunt_job".
+Labels proc_labels(const json& m) {
+  Labels l;
+  if (auto j = str(m, "job"); !j.empty()) l.emplace_back("shunt_job", j);
   if (auto r = str(m, "rank"); !r.empty()) l.emplace_back("rank", r);
   return l;
 }
@@ -89,39 +92,42 @@ void declare(Exposition& x) {
            "1 for each process known to the host agent, by its mode (off: shunt turned itself off there, e.g. over a bad setting; shuntctl status says why).");
   x.family("shunt_verbs_calls_total", "counter", "Calls of each interposed verbs entry point.");
   x.family("shunt_qps", "gauge", "Queue pairs seen, by state (live, destroyed).");
-  x.family("shunt_qp_tx_bytes_total", "counter", "Bytes posted in send WRs of a QP (sum of SGE lengths).");
-  x.family("shunt_qp_rx_bytes_total", "counter", "Bytes received on a QP (byte_len of successful receive completions).");
-  x.family("shunt_qp_tx_wrs_total", "counter", "Send WRs posted on a QP, by opcode.");
-  x.family("shunt_qp_rx_wrs_total", "counter", "Receive WRs posted on a QP.");
-  x.family("shunt_qp_completions_total", "counter", "Completions polled for a QP.");
-  x.family("shunt_qp_errors_total", "counter", "Completions of a QP with an error, by status.");
-  x.family("shunt_qp_post_errors_total", "counter", "Failed ibv_post_send/ibv_post_recv calls of a QP, by direction.");
+  x.family("shunt_qp_tx_bytes_total", "counter", "Bytes posted in send WRs of a rank's QPs on a device (sum of SGE lengths).");
+  x.family("shunt_qp_rx_bytes_total", "counter",
+           "Bytes received on a rank's QPs on a device (byte_len of successful receive completions).");
+  x.family("shunt_qp_tx_wrs_total", "counter", "Send WRs posted on a rank's QPs on a device, by opcode.");
+  x.family("shunt_qp_rx_wrs_total", "counter", "Receive WRs posted on a rank's QPs on a device.");
+  x.family("shunt_qp_completions_total", "counter", "Completions polled for a rank's QPs on a device.");
+  x.family("shunt_qp_errors_total", "counter", "Completions with an error of a rank's QPs on a device, by status.");
+  x.family("shunt_qp_post_errors_total", "counter",
+           "Failed ibv_post_send/ibv_post_recv calls on a rank's QPs on a device, by direction.");
   x.family("shunt_sockets", "gauge", "TCP sockets seen, by state (open, closed) and role (client, listener, accepted).");
-  x.family("shunt_socket_tx_bytes_total", "counter", "Bytes sent on TCP sockets, by process and connection.");
-  x.family("shunt_socket_rx_bytes_total", "counter", "Bytes received on TCP sockets, by process and connection.");
-  x.family("shunt_socket_accepts_total", "counter", "Connections accepted on a listening socket.");
-  x.family("shunt_socket_subflows", "gauge", "MPTCP subflows of a process's open sockets (0 for plain TCP).");
+  x.family("shunt_socket_tx_bytes_total", "counter", "Bytes sent on TCP sockets, by role and the two ends' addresses (no ports).");
+  x.family("shunt_socket_rx_bytes_total", "counter", "Bytes received on TCP sockets, by role and the two ends' addresses (no ports).");
+  x.family("shunt_socket_accepts_total", "counter", "Connections accepted on listening sockets, by local address.");
+  x.family("shunt_socket_subflows", "gauge", "MPTCP subflows of a rank's open sockets (0 for plain TCP).");
   x.family("shunt_bundles", "gauge", "Multipath bundles of a process, by state (up, degraded, fallback).");
-  x.family("shunt_bundle_path_up", "gauge",
-           "1 while a path of a bundle is in service (path: primary for the application's QP, else the shadow's index; nic: the NIC it runs on; udp_sport: its RoCEv2 source port, 0 when the device chose it, which shunt sets for the application's QP too where it may).");
-  x.family("shunt_bundle_path_carrier", "gauge", "1 for the path of a bundle that carries its two-sided work (SENDs, receives).");
-  x.family("shunt_bundle_path_tx_bytes_total", "counter", "Bytes of the application's WRs posted on a path of a bundle.");
+  x.family("shunt_bundle_paths", "gauge",
+           "Paths of a rank's bundles on a device (path: primary for the application's QP, else the shadow's index; nic: the NIC it runs on).");
+  x.family("shunt_bundle_path_up", "gauge", "How many of those paths are in service.");
+  x.family("shunt_bundle_path_carrier", "gauge", "How many of those paths carry their bundle's two-sided work (SENDs, receives).");
+  x.family("shunt_bundle_path_tx_bytes_total", "counter", "Bytes of the application's WRs posted on those paths.");
   x.family("shunt_bundle_path_failures_total", "counter",
-           "Times a path of a bundle was taken out of service (error completion, stall, port event or the peer's word).");
+           "Times one of those paths was taken out of service (error completion, stall, port event or the peer's word).");
   x.family("shunt_bundle_path_share", "gauge",
-           "A shadow's weight in its bundle's split WRITEs (mean 1 over the bundle's shadows; steering moves it off congested paths).");
+           "The largest weight of those shadows in their bundles' split WRITEs (mean 1 over a bundle's shadows; steering moves it off congested paths).");
   x.family("shunt_bundle_path_queue_seconds", "gauge",
-           "A shadow path's forward queue: the probes' one-way delay on its own source port over the path's base delay.");
+           "The longest forward queue of those shadows: the probes' one-way delay on a shadow's source port over the path's base delay.");
   x.family("shunt_bundle_path_congested", "gauge",
-           "1 while a shadow path's forward queue exceeds the threshold measured from its own delay noise.");
+           "How many of those shadows have a forward queue over the threshold measured from its own delay noise.");
   x.family("shunt_failovers_total", "counter", "Two-sided work of a bundle moved off a failed path (failover events).");
   x.family("shunt_failbacks_total", "counter", "Traffic moved back to a recovered path.");
   x.family("shunt_replays_total", "counter", "Work requests replayed on another path after a failure.");
   x.family("shunt_events_total", "counter", "Events recorded (logged or not), by type.");
   x.family("shunt_events_dropped_total", "counter", "Events lost because the event ring was full.");
   x.family("shunt_path_up", "gauge", "1 when the probe engine sees the path working both ways, else 0.");
-  x.family("shunt_path_one_way_delay_seconds", "gauge",
-           "One-way delay of a path from the probes, by direction (tx: to the peer, rx: from it) and percentile (50, 99) over the window.");
+  x.family("shunt_path_one_way_delay_seconds", "histogram",
+           "One-way delay of a path's probes, by direction (tx: to the peer, rx: from it), since the clock model exists.");
   x.family("shunt_path_rtt_seconds", "gauge", "Round-trip time of a path: median forward plus median reverse delay.");
   x.family("shunt_path_loss_ratio", "gauge", "Fraction of probes lost on a path in the window, by direction.");
   x.family("shunt_path_probes_sent_total", "counter", "Probes sent on a path.");
@@ -150,8 +156,8 @@ void qp_samples(Exposition& x, const Labels& base, const json& q) {
 
 using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  // (state, role) -> n
 
-void member_samples(Exposition& x, const std::string& pid, const json& m, SocketCounts* sockets) {
-  Labels p = proc_labels(pid, m);
+void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
+  Labels p = proc_labels(m);
   x.add("shunt_process_mode", with(p, {{"mode", str(m, "mode")}}), 1);
   if (at(m, "verbs").is_object()) {
     const json& v = at(m, "verbs");
@@ -160,18 +166,18 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
     uint64_t live = 0, dead = 0;
     for (auto& q : list(v, "qps")) {
       (flag(q, "destroyed") ? dead : live)++;
-      qp_samples(x, with(p, {{"device", str(q, "device")}, {"qpn", std::to_string(u64(q, "qpn"))}, {"type", str(q, "type")}}),
-                 q);
+      qp_samples(x, with(p, {{"device", str(q, "device")}, {"type", str(q, "type")}}), q);
     }
     for (auto& d : list(v, "devices")) {
       const json& u = at(d, "untracked_qps");
       if (u64(u, "send_bytes") || u64(u, "recv_wrs") || u64(u, "completions"))
-        qp_samples(x, with(p, {{"device", str(d, "device")}, {"qpn", "untracked"}, {"type", ""}}), u);
+        qp_samples(x, with(p, {{"device", str(d, "device")}, {"type", "untracked"}}), u);
     }
     x.add("shunt_qps", with(p, {{"state", "live"}}), live);
     x.add("shunt_qps", with(p, {{"state", "destroyed"}}), dead);
   }
-  // Sockets summed per connection, so a reused fd never makes two series alike.
+  // Sockets summed per role and the two ends' addresses: ports (ephemeral
+  // ones) would make a series per connection.
   std::map<std::tuple<std::string, std::string, std::string>, std::pair<uint64_t, uint64_t>> conns;
   std::map<std::string, uint64_t> accepts;
   uint64_t subflows = 0;
@@ -180,10 +186,10 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   for (const char* key : {"sockets", "closed_sockets"}) {
     const bool summed = key[0] == 'c';
     for (auto& s : list(m, key)) {
-      std::string role = str(s, "role"), local = str(s, "local"), remote = str(s, "peer");
+      std::string role = str(s, "role"), local = host_of(str(s, "local")), remote = host_of(str(s, "peer"));
       bool open = !summed && flag(s, "open");
       (*sockets)[{open ? "open" : "closed", role}] += summed ? u64(s, "sockets") : 1;
-      if (open) subflows += u64(s, "subflows");
+      if (open) subflows += list(at(s, "mptcp"), "subflow").size();
       if (role == "listener") {
         accepts[local] += u64(s, "accepts");
         continue;
@@ -200,28 +206,32 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
     x.add("shunt_socket_rx_bytes_total", l, v.second);
   }
   for (auto& [local, n] : accepts) x.add("shunt_socket_accepts_total", with(p, {{"local", local}}), n);
-  x.add("shunt_socket_subflows", p, subflows);
+  // An exited process's last gauges are no state of now; its counters stay
+  // in the sums (they never go backwards).
+  const bool running = !flag(m, "final");
+  if (running) x.add("shunt_socket_subflows", p, subflows);
   std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
+  // Bundle paths summed per device, NIC and path index over the rank's QPs
+  // (source ports and QP numbers change with every renewal and connection).
   for (auto& b : list(m, "bundles")) {
     bundles[str(b, "state")]++;
     for (auto& q : list(b, "paths")) {
-      Labels l = with(p, {{"device", str(b, "device")},
-                          {"qpn", std::to_string(u64(b, "qpn"))},
-                          {"path", str(q, "path")},
-                          {"nic", str(q, "nic")},
-                          {"udp_sport", std::to_string(u64(q, "udp_sport"))}});
-      x.add("shunt_bundle_path_up", l, flag(q, "up") ? 1 : 0);
-      x.add("shunt_bundle_path_carrier", l, flag(q, "carrier") ? 1 : 0);
+      Labels l = with(p, {{"device", str(b, "device")}, {"nic", str(q, "nic")}, {"path", str(q, "path")}});
       x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
       x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
-      if (at(q, "share").is_number()) x.add("shunt_bundle_path_share", l, real(q, "share", 1.0));
+      if (!running) continue;
+      x.add("shunt_bundle_paths", l, 1);
+      x.add("shunt_bundle_path_up", l, flag(q, "up") ? 1 : 0);
+      x.add("shunt_bundle_path_carrier", l, flag(q, "carrier") ? 1 : 0);
+      if (at(q, "share").is_number()) x.add_max("shunt_bundle_path_share", l, real(q, "share", 1.0));
       if (at(q, "queue").is_object()) {
-        x.add("shunt_bundle_path_queue_seconds", l, real(at(q, "queue"), "excess_ns", 0.0) / 1e9);
+        x.add_max("shunt_bundle_path_queue_seconds", l, real(at(q, "queue"), "excess_ns", 0.0) / 1e9);
         x.add("shunt_bundle_path_congested", l, flag(at(q, "queue"), "congested") ? 1 : 0);
       }
     }
   }
-  for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
+  if (running)
+    for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
   const json& ev = dict(m, "events");
   x.add("shunt_failovers_total", p, u64(ev, "failover"));
   x.add("shunt_failbacks_total", p, u64(ev, "failback"));
@@ -229,6 +239,17 @@ void member_samples(Exposition& x, const std::string& pid, const json& m, Socket
   for (auto& [type, n] : ev.items())
     if (n.is_number()) x.add("shunt_events_total", with(p, {{"type", type}}), count(n));
   x.add("shunt_events_dropped_total", p, u64(m, "events_dropped"));
+}
+// {le: [counts per kDelayBucketsNs bound, cumulative], count, sum_ns}
+void delay_histogram(Exposition& x, const Labels& l, const json& h) {
+  const json& le = list(h, "le");
+  if (le.size() != clocksync::kDelayBucketsNs.size()) return;  // (none yet, or another build's bounds)
+  const char* name = "shunt_path_one_way_delay_seconds";
+  for (size_t i = 0; i < le.size(); i++)
+    x.add_part(name, "_bucket", with(l, {{"le", format_value(clocksync::kDelayBucketsNs[i] / 1e9)}}), count(le[i]));
+  x.add_part(name, "_bucket", with(l, {{"le", "+Inf"}}), u64(h, "count"));
+  x.add_part(name, "_sum", l, ns_to_s(real(h, "sum_ns", 0.0)));
+  x.add_part(name, "_count", l, u64(h, "count"));
 }
 }  // namespace
 
@@ -244,6 +265,12 @@ HostView host_view_from(const json& a) {
 json host_view_json(const HostView& v) {
   return {{"members", v.members}, {"peers", v.peers}, {"agent_pid", v.agent_pid}, {"uptime_s", v.uptime_s}};
 }
+
+namespace {
+json hist_json(const clocksync::DelayHistogram& h) {
+  return {{"le", h.le}, {"count", h.count}, {"sum_ns", h.sum_ns}};
+}
+}  // namespace
 
 json peers_view(const clocksync::ProbeEngine* e) {
   json out = json::array();
@@ -267,6 +294,8 @@ json peers_view(const clocksync::ProbeEngine* e) {
                        {"fwd_p99_ns", p.fwd_p99_ns},
                        {"rev_p50_ns", p.rev_p50_ns},
                        {"rev_p99_ns", p.rev_p99_ns},
+                       {"fwd_hist", hist_json(p.fwd_hist)},
+                       {"rev_hist", hist_json(p.rev_hist)},
                        {"fwd_loss", p.fwd_loss},
                        {"rev_loss", p.rev_loss},
                        {"sent", p.sent},
@@ -319,13 +348,21 @@ json paths_view(const HostView& v) {
       std::string local = str(p, "local"), remote = str(p, "remote");
       q["path"] = local + "->" + remote;
       uint64_t tx = 0, rx = 0;
+      auto credit = [&](const json& e, const std::string& l, const std::string& r) {
+        if (!local.empty() && l == local && r == remote) tx += u64(e, "tx_bytes"), rx += u64(e, "rx_bytes");
+      };
+      // An MPTCP connection's bytes go to the paths its subflows used (an
+      // MPTCP connection's own addresses are its first subflow's, whichever
+      // rail carries it now); a plain socket's to its two addresses.
       for (auto& [pid, m] : v.members.items())
         for (const char* key : {"sockets", "closed_sockets"})
-          for (auto& s : list(m, key))
-            if (!local.empty() && host_of(str(s, "local")) == local && host_of(str(s, "peer")) == remote) {
-              tx += u64(s, "tx_bytes");
-              rx += u64(s, "rx_bytes");
+          for (auto& s : list(m, key)) {
+            if (at(s, "paths").is_array()) {
+              for (auto& e : list(s, "paths")) credit(e, str(e, "local"), str(e, "remote"));
+            } else {
+              credit(s, host_of(str(s, "local")), host_of(str(s, "peer")));
             }
+          }
       q["tx_bytes"] = tx;
       q["rx_bytes"] = rx;
       double f = real(p, "fwd_p50_ns", -1.0), r = real(p, "rev_p50_ns", -1.0);
@@ -343,8 +380,9 @@ std::string render_metrics(const HostView& v) {
   uint64_t running = 0, exited = 0;
   SocketCounts sockets;
   for (auto& [pid, m] : v.members.items()) {
+    (void)pid;
     (flag(m, "final") ? exited : running)++;
-    member_samples(x, pid, m, &sockets);
+    member_samples(x, m, &sockets);
   }
   x.add("shunt_processes", {{"state", "running"}}, running);
   x.add("shunt_processes", {{"state", "exited"}}, exited);
@@ -367,11 +405,8 @@ std::string render_metrics(const HostView& v) {
   for (auto& p : paths_view(v)) {
     Labels l{{"peer", str(p, "peer")}, {"rail", std::to_string(u64(p, "rail"))}, {"path", str(p, "path")}};
     x.add("shunt_path_up", l, flag(p, "alive"));
-    for (auto [key, dir, q] : {std::tuple{"fwd_p50_ns", "tx", "50"}, std::tuple{"fwd_p99_ns", "tx", "99"},
-                               std::tuple{"rev_p50_ns", "rx", "50"}, std::tuple{"rev_p99_ns", "rx", "99"}}) {
-      double ns = real(p, key, -1.0);
-      if (ns >= 0) x.add("shunt_path_one_way_delay_seconds", with(l, {{"direction", dir}, {"percentile", q}}), ns_to_s(ns));
-    }
+    for (auto [key, dir] : {std::pair{"fwd_hist", "tx"}, std::pair{"rev_hist", "rx"}})
+      delay_histogram(x, with(l, {{"direction", dir}}), at(p, key));
     if (double rtt = real(p, "rtt_ns", -1.0); rtt >= 0) x.add("shunt_path_rtt_seconds", l, ns_to_s(rtt));
     x.add("shunt_path_loss_ratio", with(l, {{"direction", "tx"}}), real(p, "fwd_loss", 0.0));
     x.add("shunt_path_loss_ratio", with(l, {{"direction", "rx"}}), real(p, "rev_loss", 0.0));

@@ -67,37 +67,64 @@ bool Exposition::has(std::string_view name) const {
 
 void Exposition::family(std::string_view name, std::string_view type, std::string_view help) {
   if (find(name) || !valid_metric_name(name)) return;
-  families_.push_back({std::string(name), std::string(type), escape_help(help), ""});
+  families_.push_back({std::string(name), std::string(type), escape_help(help), {}, {}});
 }
 
-bool Exposition::add_line(std::string_view name, const Labels& labels, const std::string& value) {
+bool Exposition::put(std::string_view name, std::string_view suffix, const Labels& labels, bool exact, uint64_t n,
+                     double d, Merge m) {
   Family* f = find(name);
   if (!f) return false;
-  std::string& l = f->lines;
-  l += name;
+  std::string series(name);
+  series += suffix;
   bool first = true;
   for (auto& [k, v] : labels) {
     if (!valid_label_name(k)) continue;
-    l += first ? '{' : ',';
+    series += first ? '{' : ',';
     first = false;
-    l += k;
-    l += "=\"";
-    l += escape_label_value(v);
-    l += '"';
+    series += k;
+    series += "=\"";
+    series += escape_label_value(v);
+    series += '"';
   }
-  if (!first) l += '}';
-  l += ' ';
-  l += value;
-  l += '\n';
+  if (!first) series += '}';
+  auto it = f->index.find(series);
+  if (it == f->index.end()) {
+    f->index.emplace(series, f->samples.size());
+    f->samples.push_back({std::move(series), exact, n, d});
+    return true;
+  }
+  Sample& s = f->samples[it->second];
+  if (m == Merge::max) {
+    if ((exact ? double(n) : d) > (s.exact ? double(s.n) : s.d)) s.exact = exact, s.n = n, s.d = d;
+    return true;
+  }
+  if (s.exact && exact) {
+    s.n = n > UINT64_MAX - s.n ? UINT64_MAX : s.n + n;
+  } else {
+    s.d = (s.exact ? double(s.n) : s.d) + (exact ? double(n) : d);
+    s.exact = false;
+  }
   return true;
 }
 
 bool Exposition::add(std::string_view name, const Labels& labels, double value) {
-  return add_line(name, labels, format_value(value));
+  return put(name, "", labels, false, 0, value, Merge::sum);
 }
 
 bool Exposition::add(std::string_view name, const Labels& labels, uint64_t value) {
-  return add_line(name, labels, std::to_string(value));
+  return put(name, "", labels, true, value, 0, Merge::sum);
+}
+
+bool Exposition::add_max(std::string_view name, const Labels& labels, double value) {
+  return put(name, "", labels, false, 0, value, Merge::max);
+}
+
+bool Exposition::add_part(std::string_view name, std::string_view suffix, const Labels& labels, double value) {
+  return put(name, suffix, labels, false, 0, value, Merge::sum);
+}
+
+bool Exposition::add_part(std::string_view name, std::string_view suffix, const Labels& labels, uint64_t value) {
+  return put(name, suffix, labels, true, value, 0, Merge::sum);
 }
 
 std::string Exposition::text() const {
@@ -105,7 +132,12 @@ std::string Exposition::text() const {
   for (auto& f : families_) {
     out += "# HELP " + f.name + " " + f.help + "\n";
     out += "# TYPE " + f.name + " " + f.type + "\n";
-    out += f.lines;
+    for (auto& s : f.samples) {
+      out += s.series;
+      out += ' ';
+      out += s.exact ? std::to_string(s.n) : format_value(s.d);
+      out += '\n';
+    }
   }
   return out;
 }

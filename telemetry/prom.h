@@ -1,9 +1,11 @@
 // The Prometheus text exposition format (0.0.4), written here because no
 // client library is packaged in Debian 12: families in declaration order,
 // each with HELP and TYPE, label values and help text escaped, counters
-// printed as exact integers.
+// printed as exact integers. Samples with the same labels are merged (summed,
+// or the largest kept), so series are aggregates, one per label set.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,12 +17,18 @@ using Labels = std::vector<std::pair<std::string, std::string>>;
 
 class Exposition {
  public:
-  // Declares a metric family (type: counter, gauge, untyped). Declaring a
-  // family twice keeps the first declaration.
+  // Declares a metric family (type: counter, gauge, histogram, untyped).
+  // Declaring a family twice keeps the first declaration.
   void family(std::string_view name, std::string_view type, std::string_view help);
-  // Adds one sample to a declared family (undeclared: dropped, false).
+  // Adds one sample to a declared family (undeclared: dropped, false); a
+  // sample whose labels are already there is added to it.
   bool add(std::string_view name, const Labels& labels, double value);
   bool add(std::string_view name, const Labels& labels, uint64_t value);
+  // As add, but the larger value stays (a gauge aggregated by its maximum).
+  bool add_max(std::string_view name, const Labels& labels, double value);
+  // A sample named family + suffix (a histogram's _bucket, _sum, _count).
+  bool add_part(std::string_view name, std::string_view suffix, const Labels& labels, double value);
+  bool add_part(std::string_view name, std::string_view suffix, const Labels& labels, uint64_t value);
   bool add(std::string_view name, const Labels& labels, int64_t value) {
     return value >= 0 ? add(name, labels, static_cast<uint64_t>(value)) : add(name, labels, double(value));
   }
@@ -31,11 +39,21 @@ class Exposition {
   bool has(std::string_view name) const;
 
  private:
-  struct Family {
-    std::string name, type, help, lines;
+  struct Sample {
+    std::string series;  // name and labels, as written
+    bool exact;          // an integer count, printed as one
+    uint64_t n;
+    double d;
   };
+  struct Family {
+    std::string name, type, help;
+    std::vector<Sample> samples;
+    std::map<std::string, size_t, std::less<>> index;  // series -> samples[i]
+  };
+  enum class Merge { sum, max };
   Family* find(std::string_view name);
-  bool add_line(std::string_view name, const Labels& labels, const std::string& value);
+  bool put(std::string_view name, std::string_view suffix, const Labels& labels, bool exact, uint64_t n, double d,
+           Merge m);
   std::vector<Family> families_;
 };
 

@@ -6,6 +6,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
 
 #include "interpose/core/json_text.h"
 #include "interpose/core/log.h"
@@ -115,6 +118,67 @@ json qp_stats(const verbs::QpStats& s) {
           {"errors", errs}};
 }
 
+std::string host_part(const std::string& addr) {  // "1.2.3.4:80" or "[::1]:80" -> the address
+  std::string h = addr.substr(0, addr.rfind(':'));
+  return h.size() >= 2 && h.front() == '[' ? h.substr(1, h.size() - 2) : h;
+}
+
+// What each MPTCP connection's subflows carried, kept across reports: the
+// kernel lists live subflows only, so a subflow closed with its rail would
+// take its bytes along, and the connection's main addresses (its first
+// subflow's) say nothing of the rail that carries it now.
+struct SubflowBytes {
+  std::string local, remote;  // addresses, no ports
+  uint64_t tx = 0, rx = 0;
+};
+// socket (fd, local, peer) -> subflow ("local->remote", ports included) -> bytes;
+// never freed: a report at exit may come after static destructors.
+using SubflowMap = std::map<std::string, std::map<std::string, SubflowBytes>>;
+std::mutex g_subflows_mu;
+SubflowMap* g_subflows = new SubflowMap;
+struct SubflowsForkSafety {  // a fork while a report holds the lock
+  SubflowsForkSafety() {
+    on_fork([] { g_subflows_mu.lock(); }, [] { g_subflows_mu.unlock(); }, [] { g_subflows_mu.unlock(); });
+  }
+} g_subflows_fork_safety;
+
+// The connection's bytes per pair of addresses its subflows used (tx acked,
+// rx received), or null for a socket whose subflows were never seen.
+json subflow_paths(const std::string& key, const json& mptcp) {
+  std::lock_guard<std::mutex> lk(g_subflows_mu);
+  auto& seen = (*g_subflows)[key];
+  if (mptcp.is_object() && mptcp.contains("subflow"))
+    for (const auto& f : mptcp["subflow"]) {
+      if (!f.contains("local") || !f.contains("remote")) continue;
+      std::string l = f["local"].get<std::string>(), r = f["remote"].get<std::string>();
+      SubflowBytes& b = seen[l + "->" + r];
+      b.local = host_part(l);
+      b.remote = host_part(r);
+      b.tx = std::max(b.tx, f.value("bytes_acked", uint64_t{0}));
+      b.rx = std::max(b.rx, f.value("bytes_received", uint64_t{0}));
+    }
+  if (seen.empty()) {
+    g_subflows->erase(key);
+    return nullptr;
+  }
+  std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> sum;
+  for (const auto& [k, b] : seen) {
+    auto& t = sum[{b.local, b.remote}];
+    t.first += b.tx;
+    t.second += b.rx;
+  }
+  json out = json::array();
+  for (const auto& [ends, t] : sum)
+    out.push_back({{"local", ends.first}, {"remote", ends.second}, {"tx_bytes", t.first}, {"rx_bytes", t.second}});
+  return out;
+}
+
+// Drops what is kept for sockets no longer listed.
+void forget_subflows(const std::set<std::string>& listed) {
+  std::lock_guard<std::mutex> lk(g_subflows_mu);
+  std::erase_if(*g_subflows, [&](const auto& e) { return !listed.count(e.first); });
+}
+
 void write_at_exit() {
   const Config& c = config();
   write_stats_file(c.str(Param::stats_file));
@@ -166,13 +230,22 @@ json stats_json(Detail detail) {
   }
   json socks = json::array(), folded = json::array();
   sock::Snapshot ss = sock::snapshot();
+  std::set<std::string> listed;
   for (const sock::SocketInfo& r : ss.sockets) {
     json mptcp = r.mptcp && r.open ? sock::mptcp_json(r.fd) : json(nullptr);
+    const std::string local = addr_str(r.local, r.local_len), peer = addr_str(r.peer, r.peer_len);
+    json paths = nullptr;
+    if (r.mptcp) {
+      const std::string key = std::to_string(r.fd) + " " + local + " " + peer;
+      listed.insert(key);
+      paths = subflow_paths(key, mptcp);
+    }
     socks.push_back({{"fd", r.fd},
                      {"family", r.family == AF_INET6 ? "inet6" : "inet"},
                      {"role", role_name(r.role)},
-                     {"local", addr_str(r.local, r.local_len)},
-                     {"peer", addr_str(r.peer, r.peer_len)},
+                     {"local", local},
+                     {"peer", peer},
+                     {"paths", std::move(paths)},
                      {"tx_bytes", r.tx_bytes},
                      {"rx_bytes", r.rx_bytes},
                      {"accepts", r.accepts},
@@ -180,6 +253,7 @@ json stats_json(Detail detail) {
                      {"upgraded", r.mptcp},
                      {"mptcp", std::move(mptcp)}});
   }
+  forget_subflows(listed);
   // Older closed sockets, summed per role and service end ("*": any port).
   for (const sock::FoldedInfo& f : ss.folded)
     folded.push_back({{"role", role_name(f.role)},

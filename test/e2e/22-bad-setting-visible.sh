@@ -17,7 +17,7 @@ for i in $(seq 100); do scrape > "$TMP/m0" 2>/dev/null && break; sleep 0.1; done
 grep -q '^shunt_build_info{' "$TMP/m0" || fail "no agent serving /metrics on port $mport"
 ok "agent $agent up"
 
-SHUNT_MODE=fats LD_PRELOAD=$LIB "$B/test/hold_socket" 4000 2> "$TMP/off.err" & off=$!
+RANK=7 SHUNT_MODE=fats LD_PRELOAD=$LIB "$B/test/hold_socket" 4000 2> "$TMP/off.err" & off=$!
 at_exit "kill $off 2>/dev/null"
 for i in $(seq 30); do
   "$B/bin/shuntctl" status > "$TMP/status" 2>&1
@@ -30,10 +30,10 @@ grep -qF "pid $off: shunt is off: SHUNT_MODE='fats' is not a known value: expect
   "$TMP/status" || fail "shuntctl status does not say why $off is off"
 ok "shuntctl status shows $off off, and why"
 scrape > "$TMP/m1" || fail "no scrape"
-grep -Eq "^shunt_process_mode\{pid=\"$off\".*mode=\"off\"\} 1$" "$TMP/m1" ||
-  fail "no shunt_process_mode sample for $off: $(grep shunt_process_mode "$TMP/m1")"
-grep -Eq "^shunt_process_mode\{pid=\"$agent\".*mode=\"observe\"\} 1$" "$TMP/m1" || fail "the agent's own mode is missing"
-ok "metrics: $(grep "pid=\"$off\"" "$TMP/m1" | grep shunt_process_mode)"
+grep -Eq '^shunt_process_mode\{rank="7",mode="off"\} 1$' "$TMP/m1" ||
+  fail "no shunt_process_mode sample for $off (rank 7): $(grep shunt_process_mode "$TMP/m1")"
+grep -Eq '^shunt_process_mode\{mode="observe"\} 1$' "$TMP/m1" || fail "the agent's own mode is missing"
+ok "metrics: $(grep 'rank="7"' "$TMP/m1" | grep shunt_process_mode)"
 expect_eq "$(wc -l < "$TMP/off.err")" 1 "lines on the off process's stderr"
 
 wait $off

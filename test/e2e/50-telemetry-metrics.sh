@@ -65,8 +65,8 @@ for r in 0 1 2 3; do eval "wait \$b$r" || fail "bench rank $r failed: $(tail -3 
 
 # Exact counts: a client/server pair sends 12000 bytes each way.
 port=$(free_port)
-LD_PRELOAD=$LIB "$B/test/tcp_pair" server "$port" & srv=$!
-LD_PRELOAD=$LIB "$B/test/tcp_pair" client "$port" & cli=$!
+RANK=10 LD_PRELOAD=$LIB "$B/test/tcp_pair" server "$port" & srv=$!
+RANK=11 LD_PRELOAD=$LIB "$B/test/tcp_pair" client "$port" & cli=$!
 wait $cli || fail "client failed"
 wait $srv || fail "server failed"
 # Their final reports reach the agent as they exit: wait for both (a loaded
@@ -77,13 +77,13 @@ for i in $(seq 50); do
   [ "$(metric shunt_processes 'state="exited"' "$TMP/m2")" = 6 ] && break
 done
 promtool check metrics < "$TMP/m2" || fail "promtool rejects the scrape after traffic"
-expect_eq "$(metric shunt_socket_tx_bytes_total "pid=\"$cli\",role=\"client\",job=\"job-50\"" "$TMP/m2")" 12000 "client tx bytes"
-expect_eq "$(metric shunt_socket_rx_bytes_total "pid=\"$cli\",role=\"client\"" "$TMP/m2")" 12000 "client rx bytes"
-expect_eq "$(metric shunt_socket_tx_bytes_total "pid=\"$srv\",role=\"accepted\",local=\"127.0.0.1:$port\"" "$TMP/m2")" 12000 "server tx bytes"
-expect_eq "$(metric shunt_socket_rx_bytes_total "pid=\"$srv\",role=\"accepted\"" "$TMP/m2")" 12000 "server rx bytes"
-expect_eq "$(metric shunt_socket_accepts_total "pid=\"$srv\"" "$TMP/m2")" 1 "accepts"
+expect_eq "$(metric shunt_socket_tx_bytes_total 'rank="11",role="client",shunt_job="job-50"' "$TMP/m2")" 12000 "client tx bytes"
+expect_eq "$(metric shunt_socket_rx_bytes_total 'rank="11",role="client"' "$TMP/m2")" 12000 "client rx bytes"
+expect_eq "$(metric shunt_socket_tx_bytes_total 'rank="10",role="accepted",local="127.0.0.1"' "$TMP/m2")" 12000 "server tx bytes"
+expect_eq "$(metric shunt_socket_rx_bytes_total 'rank="10",role="accepted"' "$TMP/m2")" 12000 "server rx bytes"
+expect_eq "$(metric shunt_socket_accepts_total 'rank="10"' "$TMP/m2")" 1 "accepts"
 for m in shunt_failovers_total shunt_failbacks_total shunt_replays_total; do
-  expect_eq "$(metric $m "pid=\"$cli\"" "$TMP/m2")" 0 "$m declared"
+  expect_eq "$(metric $m 'rank="11"' "$TMP/m2")" 0 "$m declared"
 done
 expect_eq "$(metric shunt_processes 'state="exited"' "$TMP/m2")" 6 "exited members (4 ranks, client, server)"
 

@@ -47,7 +47,7 @@ for i in $(seq 60); do
   sleep 0.25
 done
 grep -q '^shunt_path_up{peer="b",rail="0",path="10.99.0.1->10.99.0.2"} 1$' "$TMP/m" || fail "shunt_path_up not 1: $(grep path_up "$TMP/m")"
-grep -q '^shunt_path_one_way_delay_seconds{peer="b",rail="0",path="10.99.0.1->10.99.0.2",direction="tx",percentile="50"} ' "$TMP/m" ||
+grep -q '^shunt_path_one_way_delay_seconds_count{peer="b",rail="0",path="10.99.0.1->10.99.0.2",direction="tx"} [1-9]' "$TMP/m" ||
   fail "no one-way delay: $(grep -E 'delay|clock' "$TMP/m")"
 grep -q '^shunt_path_rtt_seconds{' "$TMP/m" || fail "no path RTT"
 grep -q '^shunt_peer_clock_bound_seconds{peer="b"}' "$TMP/m" || fail "no clock bound"

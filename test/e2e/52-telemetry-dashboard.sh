@@ -24,7 +24,9 @@ for p in d["panels"]:
     if p["type"] == "row": continue
     assert p.get("targets"), "panel without a query: " + p["title"]
     for t in p["targets"]:
-        used |= set(re.findall(r"\b(shunt_[a-z_]+)\b", t["expr"]))
+        # metric names: not label names (in by/without or a selector), not $variables
+        e = re.sub(r"\b(by|without)\s*\([^)]*\)|\{[^}]*\}", "", t["expr"])
+        used |= {re.sub(r"_(bucket|sum|count)$", "", m) for m in re.findall(r"(?<![$\w])(shunt_[a-z_]+)\b", e)}
 missing = sorted(used - families)
 print(len(used), "metrics queried;", len(families), "in the scrape")
 assert not missing, "queried but not exported: %s" % missing

@@ -37,7 +37,7 @@ while [ $SECONDS -lt $end ]; do
 done
 grep -q '^shunt_processes{state="exited"} 2$' "$TMP/m1" || fail "the members' last reports did not arrive: $(grep '^shunt_processes' "$TMP/m1")"
 for j in "job" "slurm" "te"; do
-  grep -q "job=\"$j$fffd$fffd\"" "$TMP/m1" || fail "no sample labelled job=\"$j<U+FFFD><U+FFFD>\""
+  grep -q "shunt_job=\"$j$fffd$fffd\"" "$TMP/m1" || fail "no sample labelled shunt_job=\"$j<U+FFFD><U+FFFD>\""
 done
 ok "/metrics has the three job ids, each bad byte as U+FFFD"
 kill -0 $a 2>/dev/null || fail "the agent's process is gone"

@@ -24,10 +24,10 @@ TEST(OffProcess, MetricsCountEveryProcessByMode) {
   v.members["200"]["rank"] = "3";
   v.members["201"] = {{"mode", "active"}, {"job", "j"}, {"rank", "4"}};
   std::string t = render_metrics(v);
-  EXPECT_NE(t.find("\nshunt_process_mode{pid=\"200\",job=\"j\",rank=\"3\",mode=\"off\"} 1\n"),
+  EXPECT_NE(t.find("\nshunt_process_mode{shunt_job=\"j\",rank=\"3\",mode=\"off\"} 1\n"),
             std::string::npos)
       << t;
-  EXPECT_NE(t.find("\nshunt_process_mode{pid=\"201\",job=\"j\",rank=\"4\",mode=\"active\"} 1\n"),
+  EXPECT_NE(t.find("\nshunt_process_mode{shunt_job=\"j\",rank=\"4\",mode=\"active\"} 1\n"),
             std::string::npos);
 }
 
