@@ -66,7 +66,7 @@ for ((i = 1; i <= ROUNDS; i++)); do
     [ -n "$bw" ] || fail "$kind: no busbw"
     all[$kind]+="$bw "
     line+=" $kind $bw"
-    read -r _ h _ t < "$TMP/$kind-cpu" && [ "${t:-0}" -gt 0 ] || fail "$kind: no CPU sample: $(cat "$TMP/$kind-cpu")"
+    read -r _ h _ t _ < "$TMP/$kind-cpu" && [ "${t:-0}" -gt 0 ] || fail "$kind: no CPU sample: $(cat "$TMP/$kind-cpu")"
     cpu[$kind]+="$(awk -v h="$h" -v t="$t" 'BEGIN { printf "%.4f", h / t }') "
   done
   echo "$line GB/s; shunt's threads on h1: shunt $(cpu_pct "${cpu[shunt]}") probes $(cpu_pct "${cpu[probes]}")"

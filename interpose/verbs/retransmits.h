@@ -14,10 +14,20 @@ namespace shunt::verbs {
 std::optional<uint64_t> port_retransmits(const std::string& device, int port,
                                          const std::string& root = "/sys/class/infiniband");
 
-// When each port's count last rose, as seen by successive reads.
+// When each port's count last rose, as seen by successive reads. Each
+// port's counter file stays open and is read again from its start (an
+// open and a close per read were most of the stall watch's CPU on a
+// one-CPU emulated guest).
 class RetransmitWatch {
  public:
-  explicit RetransmitWatch(std::string root = "/sys/class/infiniband") : root_(std::move(root)) {}
+  // gap_ms > 0: a read more than gap_ms after the port's previous one
+  // starts over from a baseline (a rise across the gap cannot be dated, and
+  // is not dated now: it may be older than the stall it would explain).
+  explicit RetransmitWatch(std::string root = "/sys/class/infiniband", int64_t gap_ms = 0)
+      : root_(std::move(root)), gap_ms_(gap_ms) {}
+  ~RetransmitWatch();
+  RetransmitWatch(const RetransmitWatch&) = delete;
+  RetransmitWatch& operator=(const RetransmitWatch&) = delete;
   // Reads the port now; returns when (now_ms or earlier) its count was last
   // seen to rise, -1 when never, or now_ms when the port has no counter (a
   // stall alone must then decide).
@@ -25,10 +35,14 @@ class RetransmitWatch {
 
  private:
   struct Seen {
+    int fd = -1;
+    bool known = false;  // count holds a read
     uint64_t count = 0;
-    int64_t rose_ms = -1;
+    int64_t rose_ms = -1, read_ms = 0;
   };
+  std::optional<uint64_t> read(const std::string& device, int port, Seen& s);
   std::string root_;
+  int64_t gap_ms_;
   std::map<std::string, Seen> seen_;
 };
 

@@ -44,3 +44,34 @@ TEST(Retransmits, ARiseIsDatedByTheReadThatSawIt) {
   // A port without a counter: the stall alone decides.
   EXPECT_EQ(w.last_rise_ms("rxe1", 1, 2000), 2000);
 }
+
+TEST(Retransmits, ARiseAcrossAGapIsNotDated) {
+  Tree t;
+  t.set("completer_retry_err", 3);
+  RetransmitWatch w(t.root.string(), 400);
+  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 100), -1);
+  t.set("completer_retry_err", 4);
+  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 400), 400);  // 300 ms after the last read: dated
+  t.set("completer_retry_err", 5);
+  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 2000), 400);  // 1600 ms after: when, is unknown
+  t.set("completer_retry_err", 6);
+  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 2250), 2250);
+}
+
+TEST(Retransmits, TheCounterFileStaysOpenAndIsReadAfresh) {
+  Tree t;
+  t.set("completer_retry_err", 1);
+  auto fds = [] { return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator{}); };
+  const auto before = fds();
+  {
+    RetransmitWatch w(t.root.string());
+    w.last_rise_ms("rxe0", 1, 0);
+    EXPECT_EQ(fds(), before + 1);  // held, not opened and closed at every read
+    for (int i = 1; i <= 5; i++) {
+      t.set("completer_retry_err", 1 + i);  // rewritten in place, as sysfs shows a new count
+      EXPECT_EQ(w.last_rise_ms("rxe0", 1, 100 * i), 100 * i);
+    }
+    EXPECT_EQ(fds(), before + 1);
+  }
+  EXPECT_EQ(fds(), before);  // closed with the watch
+}
