@@ -349,8 +349,9 @@ class Driver {
 
   void progress(const std::string& s) {
     if (o_.quiet) return;
-    if (isatty(2)) std::cerr << "\r\033[K[shunt-audit] " << s << std::flush;
-    else std::cerr << "[shunt-audit] " << s << "\n";
+    auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start_).count();
+    if (isatty(2)) std::cerr << "\r\033[K[shunt-audit " << secs << "s] " << s << std::flush;
+    else std::cerr << "[shunt-audit " << secs << "s] " << s << "\n";
   }
   void progress_end() {
     if (!o_.quiet && isatty(2)) std::cerr << "\r\033[K" << std::flush;
@@ -369,6 +370,7 @@ class Driver {
   std::vector<std::string> names_;
   std::vector<std::vector<audit::PortRef>> rails_;
   int next_id_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace
@@ -445,7 +447,9 @@ int main(int argc, char** argv) {
   }
   auto k = shunt::peer::job_key_from(key);
   Server server(o, k, rank);
-  if (!shunt::peer::start_listener("0.0.0.0", o.port, k, [&](const json& r) { return server.handle(r); })) {
+  // On its own address of --hosts: the one the others reach it by (and
+  // several instances can share one machine on loopback addresses).
+  if (!shunt::peer::start_listener(o.hosts[rank], o.port, k, [&](const json& r) { return server.handle(r); })) {
     std::cerr << "shunt-audit: cannot listen on port " << o.port << "\n";
     return kExitCannotRun;
   }

@@ -240,6 +240,12 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
   }
   // ---------------------------------------------------------------- node
   Node& node = root.add({"Node"});
+  Judged j = judge_backend(ms, t);
+  // Hosts and rails whose traffic crossed a link found degraded: their
+  // retransmits are that link's.
+  std::map<std::pair<int, int>, std::string> crossed;
+  for (size_t i = 0; i < ms.size(); i++)
+    if (!j.note[i].empty()) crossed[{ms[i].src, ms[i].rail}] = crossed[{ms[i].dst, ms[i].rail}] = j.note[i];
   // Fleet values of every port attribute that must agree, over ACTIVE ports.
   std::map<std::string, std::vector<std::string>> fleet;
   auto ports_of = [](const json& f) {
@@ -262,10 +268,12 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     return after[i][key][c].get<double>() - before;
   };
   for (size_t i = 0; i < n; i++)
-    for (auto& [d, p] : ports_of(facts[i]))
-      for (auto& [c, v] : p.value("counters", json::object()).items())
+    for (auto& [d, p] : ports_of(facts[i])) {
+      json cs = p.value("counters", json::object());
+      for (auto& [c, v] : cs.items())
         if (is_retransmit(c))
           if (auto r = rise(i, d + "/" + str(p, "port"), c, v.get<double>())) rises[c].push_back(*r);
+    }
   for (size_t i = 0; i < n; i++) {
     Node& h = node.add({names[i], Status::pass, "", names[i]});
     auto devs = facts[i].value("devices", json::array());
@@ -273,7 +281,10 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     if (devs.empty()) cnt.status = Status::fail, cnt.detail = "none";
     else if (std::to_string(devs.size()) != want_ndev)
       cnt.status = Status::warn, cnt.detail += " (most hosts: " + want_ndev + ")";
+    int rail = -1;
+    std::string last_dev;
     for (auto& [d, p] : ports_of(facts[i])) {
+      if (d != last_dev) rail++, last_dev = d;
       std::string where = names[i] + "/" + d + "/" + str(p, "port");
       Node& pn = h.add({d + " port " + str(p, "port"), Status::pass, "", where});
       std::string state = p.value("state", "?");
@@ -292,7 +303,8 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
               where});
       Node errs{"error counters", Status::pass, "not rising", where};
       std::string risen;
-      for (auto& [c, v] : p.value("counters", json::object()).items()) {
+      json cs = p.value("counters", json::object());
+      for (auto& [c, v] : cs.items()) {
         auto r = rise(i, d + "/" + str(p, "port"), c, v.get<double>());
         if (!r || *r <= 0) continue;
         if (is_link_error(c)) {
@@ -301,8 +313,10 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
         } else if (is_retransmit(c)) {
           double med = median(rises[c]);
           if (*r > t.retrans_warn && *r > t.retrans_mult * med) {
-            errs.status = worst(errs.status, Status::warn);
-            risen += fmt::format("{}{} +{:.0f} (fleet median +{:.0f})", risen.empty() ? "" : ", ", c, *r, med);
+            auto x = crossed.find({static_cast<int>(i), rail});
+            if (x == crossed.end()) errs.status = worst(errs.status, Status::warn);
+            risen += fmt::format("{}{} +{:.0f} (fleet median +{:.0f}{})", risen.empty() ? "" : ", ", c, *r, med,
+                                 x == crossed.end() ? "" : "; its traffic was " + x->second);
           }
         }
       }
@@ -325,7 +339,6 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
   }
   // ---------------------------------------------------------------- back-end
   Node& be = root.add({"Back-end network"});
-  Judged j = judge_backend(ms, t);
   std::set<int> rails;
   for (auto& m : ms) rails.insert(m.rail);
   for (int r : rails) {
