@@ -195,7 +195,7 @@ class Driver {
     std::vector<json> after;
     for (size_t i = 0; i < n_; i++) after.push_back(ask_or_null(i, {{"cmd", "audit_counters"}}, 20000));
     audit::Node tree = audit::evaluate(facts_, names_, after, ms, o_.t);
-    audit::Judged j = audit::judge_backend(ms, o_.t);
+    audit::Judged j = audit::judge_backend(ms, o_.t, names_);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress_end();
     json rep = audit::report_json(tree, names_, o_.hosts, facts_, ms, j, secs);

@@ -67,8 +67,9 @@ Status judge_lower(double v, double m, double warn_mult, double fail_mult, doubl
   return Status::pass;
 }
 
-Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t) {
+Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, const std::vector<std::string>& names) {
   Judged out;
+  auto name = [&](int h) { return h < static_cast<int>(names.size()) ? names[h] : fmt::format("host {}", h); };
   out.bw.assign(ms.size(), Status::pass);
   out.lat.assign(ms.size(), Status::pass);
   out.note.assign(ms.size(), "");
@@ -113,7 +114,7 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t) {
     }
     if (!other_fine) continue;  // the host itself (or its NIC) is slow, not one uplink
     out.links.push_back({host, rail, router, s, gm, bw_med[rail]});
-    std::string why = fmt::format("the link from h{}'s leaf up to {}", host, router);
+    std::string why = fmt::format("the link from {}'s leaf up to {}", name(host), router);
     for (size_t i : idx) out.bw[i] = Status::pass, out.note[i] = "slow through " + why;
   }
   // The same link carries traffic down to that host as well (its fault
@@ -123,7 +124,7 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t) {
     for (size_t i = 0; i < ms.size(); i++)
       if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass && ms[i].error.empty()) {
         out.bw[i] = Status::pass;
-        out.note[i] = fmt::format("slow, probably down the link from h{}'s leaf to {}", l.host, l.router);
+        out.note[i] = fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host), l.router);
       }
   return out;
 }
@@ -240,7 +241,7 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
   }
   // ---------------------------------------------------------------- node
   Node& node = root.add({"Node"});
-  Judged j = judge_backend(ms, t);
+  Judged j = judge_backend(ms, t, names);
   // Hosts and rails whose traffic crossed a link found degraded: their
   // retransmits are that link's.
   std::map<std::pair<int, int>, std::string> crossed;

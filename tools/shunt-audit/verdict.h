@@ -83,7 +83,8 @@ struct Judged {
 };
 // Judges every measurement against its rail's median and attributes groups
 // of outliers to the link they share.
-Judged judge_backend(const std::vector<Measurement>& m, const Thresholds& t);
+// names: the hosts' names for the notes ("host N" where not given).
+Judged judge_backend(const std::vector<Measurement>& m, const Thresholds& t, const std::vector<std::string>& names = {});
 
 // The whole tree: facts[i] is host i's report (facts.h's shape), names[i]
 // its name; before/after its counters at the start and end of the audit.
