@@ -154,11 +154,12 @@ TEST(AuditVerdict, NcclThatShuntDoesNotReachWarnsAndMissingNcclFailsOnlyWhenExpe
 }
 
 TEST(AuditVerdict, ASlowUplinkIsNamedAsThatLinkNotAsItsPairs) {
-  // h1's rail-0 traffic through its second router at a fifth, and what
-  // others sent to h1 on rail 0 through that spine as well.
+  // h1's rail-0 traffic through its second router at a fifth and 50 times
+  // the latency, and what others sent to h1 on rail 0 through that spine.
   auto m = mesh();
   for (auto& x : m)
-    if (x.rail == 0 && ((x.src == 0 && x.router == "192.168.0.6") || (x.dst == 0 && x.sport == 0xC001))) x.mbps = 4;
+    if (x.rail == 0 && ((x.src == 0 && x.router == "192.168.0.6") || (x.dst == 0 && x.sport == 0xC001)))
+      x.mbps = 4, x.lat_us = 5000;  // the link's queue delays its reads too
   Judged j = judge_backend(m, Thresholds{});
   ASSERT_EQ(j.links.size(), 1u);
   EXPECT_EQ(j.links[0].host, 0);

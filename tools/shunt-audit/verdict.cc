@@ -115,7 +115,8 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, co
     if (!other_fine) continue;  // the host itself (or its NIC) is slow, not one uplink
     out.links.push_back({host, rail, router, s, gm, bw_med[rail]});
     std::string why = fmt::format("the link from {}'s leaf up to {}", name(host), router);
-    for (size_t i : idx) out.bw[i] = Status::pass, out.note[i] = "slow through " + why;
+    // (its queue slows the reads too: their latency is the link's as well)
+    for (size_t i : idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = "slow through " + why;
   }
   // The same link carries traffic down to that host as well (its fault
   // is usually both ways): slow measurements towards it on that rail are
@@ -123,7 +124,7 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, co
   for (auto& l : out.links)
     for (size_t i = 0; i < ms.size(); i++)
       if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass && ms[i].error.empty()) {
-        out.bw[i] = Status::pass;
+        out.bw[i] = out.lat[i] = Status::pass;
         out.note[i] = fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host), l.router);
       }
   return out;
