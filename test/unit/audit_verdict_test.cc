@@ -10,15 +10,26 @@ using nlohmann::json;
 namespace {
 
 json port(const std::string& state = "ACTIVE", int mtu = 1024, const std::string& ip = "10.0.1.2") {
-  json p{{"port", 1}, {"state", state}, {"mtu", mtu}, {"width", "1X"}, {"speed", "10 Gb/sec (1X QDR)"},
-         {"netdev", "r0"}, {"netdev_mtu", "1500"}, {"counters", {{"symbol_error", 0}, {"rcvd_seq_err", 0}}}};
+  json p{{"port", 1},
+         {"state", state},
+         {"mtu", mtu},
+         {"width", "1X"},
+         {"speed", "10 Gb/sec (1X QDR)"},
+         {"netdev", "r0"},
+         {"netdev_mtu", "1500"},
+         {"counters", {{"symbol_error", 0}, {"rcvd_seq_err", 0}}}};
   if (!ip.empty()) p["ipv4"] = ip, p["gid_index"] = 1;
   return p;
 }
 
 json host(json p0 = port(), json p1 = port()) {
-  return {{"hostname", "h"}, {"kernel", "6.1.0"}, {"provider_modules", {"rdma_rxe"}}, {"mptcp", 1},
-          {"rdma_core", "44.0"}, {"memlock", {{"soft", -1}, {"cap_ipc_lock", false}}}, {"nccl", json::object()},
+  return {{"hostname", "h"},
+          {"kernel", "6.1.0"},
+          {"provider_modules", {"rdma_rxe"}},
+          {"mptcp", 1},
+          {"rdma_core", "44.0"},
+          {"memlock", {{"soft", -1}, {"cap_ipc_lock", false}}},
+          {"nccl", json::object()},
           {"devices", {{{"name", "rxe0"}, {"ports", {p0}}}, {{"name", "rxe1"}, {"ports", {p1}}}}},
           {"reach", {true, true, true, true}}};
 }
@@ -38,7 +49,8 @@ std::vector<Measurement> mesh(double bw = 20, double lat = 100) {
       for (int b = 0; b < 4; b++)
         if (a != b)
           for (int s = 0; s < 2; s++)
-            m.push_back({a, b, r, "192.168." + std::to_string(a) + "." + std::to_string(2 + 4 * s), 0xC001 + s, bw, lat});
+            m.push_back({a, b, r, "192.168." + std::to_string(a) + "." + std::to_string(2 + 4 * s),
+                         0xC001 + s, bw, lat});
   return m;
 }
 
@@ -54,7 +66,8 @@ std::vector<std::string> bad_leaves(const Node& n) {
   return v;
 }
 
-Node judge(std::vector<json> facts, std::vector<json> after, const std::vector<Measurement>& m, Thresholds t = {}) {
+Node judge(std::vector<json> facts, std::vector<json> after, const std::vector<Measurement>& m,
+           Thresholds t = {}) {
   return evaluate(facts, kNames, after, m, t);
 }
 
@@ -86,7 +99,8 @@ TEST(AuditVerdict, MedianAndMajority) {
 }
 
 TEST(AuditVerdict, AHealthyFleetPassesWithExitZero) {
-  Node n = judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, mesh());
+  Node n = judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()},
+                 mesh());
   EXPECT_EQ(bad_leaves(n), std::vector<std::string>{});
   EXPECT_EQ(n.status, Status::pass);
   EXPECT_EQ(exit_code(n.status), 0);
@@ -99,29 +113,30 @@ TEST(AuditVerdict, APortDownFailsThatPortAndItsPairsAreSkippedNotFailed) {
     m.push_back({1, o, 1, "", 0, 0, 0, "", "h2's rxe1 port is not ACTIVE"});
     m.push_back({o, 1, 1, "", 0, 0, 0, "", "h2's rxe1 port is not ACTIVE"});
   }
-  Node n = judge({host(), host(port(), port("DOWN")), host(), host()}, {counters(), counters(), counters(), counters()}, m);
+  Node n = judge({host(), host(port(), port("DOWN")), host(), host()},
+                 {counters(), counters(), counters(), counters()}, m);
   EXPECT_EQ(bad_leaves(n), std::vector<std::string>{"fleet/Node/h2/rxe1 port 1/state"});
   EXPECT_EQ(exit_code(n.status), 2);
 }
 
 TEST(AuditVerdict, AnMtuThatDiffersFromTheFleetWarnsAtThatNic) {
-  Node n = judge({host(), host(), host(), host(port(), port("ACTIVE", 512))}, {counters(), counters(), counters(), counters()},
-                 mesh());
+  Node n = judge({host(), host(), host(), host(port(), port("ACTIVE", 512))},
+                 {counters(), counters(), counters(), counters()}, mesh());
   EXPECT_EQ(bad_leaves(n), std::vector<std::string>{"fleet/Node/h4/rxe1 port 1/mtu"});
   EXPECT_EQ(exit_code(n.status), 1);
 }
 
 TEST(AuditVerdict, APortWithoutAnIpv4RoceGidFails) {
-  Node n = judge({host(port("ACTIVE", 1024, "")), host(), host(), host()}, {counters(), counters(), counters(), counters()},
-                 mesh());
+  Node n = judge({host(port("ACTIVE", 1024, "")), host(), host(), host()},
+                 {counters(), counters(), counters(), counters()}, mesh());
   EXPECT_EQ(bad_leaves(n), std::vector<std::string>{"fleet/Node/h1/rxe0 port 1/IPv4 RoCEv2 GID"});
 }
 
 TEST(AuditVerdict, ALinkErrorCounterRisingFailsARetransmitCounterWarnsOnlyAboveTheFleet) {
   // h3: symbol errors rose by 1 (fails); h2: sequence errors +500 where the
   // fleet rose by about 10 (warns); h4 +150, under the absolute bar (passes).
-  Node n = judge({host(), host(), host(), host()}, {counters(0, 10), counters(0, 500), counters(1, 10), counters(0, 150)},
-                 mesh());
+  Node n = judge({host(), host(), host(), host()},
+                 {counters(0, 10), counters(0, 500), counters(1, 10), counters(0, 150)}, mesh());
   EXPECT_EQ(bad_leaves(n), (std::vector<std::string>{"fleet/Node/h2/rxe0 port 1/error counters",
                                                      "fleet/Node/h2/rxe1 port 1/error counters",
                                                      "fleet/Node/h3/rxe0 port 1/error counters",
@@ -134,22 +149,27 @@ TEST(AuditVerdict, SoftwareThatDiffersOnOneHostWarnsThatHost) {
   json odd = host();
   odd["kernel"] = "6.5.0";
   odd["mptcp"] = 0;
-  Node n = judge({host(), host(), odd, host()}, {counters(), counters(), counters(), counters()}, mesh());
-  EXPECT_EQ(bad_leaves(n), (std::vector<std::string>{"fleet/Software/kernel/h3", "fleet/Software/MPTCP/h3"}));
+  Node n = judge({host(), host(), odd, host()}, {counters(), counters(), counters(), counters()},
+                 mesh());
+  EXPECT_EQ(bad_leaves(n),
+            (std::vector<std::string>{"fleet/Software/kernel/h3", "fleet/Software/MPTCP/h3"}));
   EXPECT_EQ(exit_code(n.status), 1);
 }
 
 TEST(AuditVerdict, NcclThatShuntDoesNotReachWarnsAndMissingNcclFailsOnlyWhenExpected) {
   json with = host();
   with["nccl"] = {{"path", "/usr/lib/libnccl.so.2.19.3"}, {"version", "2.19.3"}};
-  Node n = judge({with, host(), host(), host()}, {counters(), counters(), counters(), counters()}, mesh());
+  Node n = judge({with, host(), host(), host()}, {counters(), counters(), counters(), counters()},
+                 mesh());
   EXPECT_EQ(bad_leaves(n), std::vector<std::string>{"fleet/Software/NCCL/h1"});
   with["shunt_preloaded"] = true;
-  n = judge({with, host(), host(), host()}, {counters(), counters(), counters(), counters()}, mesh());
+  n = judge({with, host(), host(), host()}, {counters(), counters(), counters(), counters()},
+            mesh());
   EXPECT_EQ(bad_leaves(n), std::vector<std::string>{});
   Thresholds t;
   t.expect_nccl = true;
-  n = judge({with, host(), host(), host()}, {counters(), counters(), counters(), counters()}, mesh(), t);
+  n = judge({with, host(), host(), host()}, {counters(), counters(), counters(), counters()},
+            mesh(), t);
   EXPECT_EQ(bad_leaves(n).size(), 3u);
 }
 
@@ -158,7 +178,8 @@ TEST(AuditVerdict, ASlowUplinkIsNamedAsThatLinkNotAsItsPairs) {
   // the latency, and what others sent to h1 on rail 0 through that spine.
   auto m = mesh();
   for (auto& x : m)
-    if (x.rail == 0 && ((x.src == 0 && x.router == "192.168.0.6") || (x.dst == 0 && x.sport == 0xC001)))
+    if (x.rail == 0 &&
+        ((x.src == 0 && x.router == "192.168.0.6") || (x.dst == 0 && x.sport == 0xC001)))
       x.mbps = 4, x.lat_us = 5000;  // the link's queue delays its reads too
   Judged j = judge_backend(m, Thresholds{});
   ASSERT_EQ(j.links.size(), 1u);
@@ -166,9 +187,11 @@ TEST(AuditVerdict, ASlowUplinkIsNamedAsThatLinkNotAsItsPairs) {
   EXPECT_EQ(j.links[0].rail, 0);
   EXPECT_EQ(j.links[0].router, "192.168.0.6");
   EXPECT_EQ(j.links[0].status, Status::fail);
-  Node n = judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, m);
+  Node n =
+      judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, m);
   EXPECT_EQ(bad_leaves(n),
-            std::vector<std::string>{"fleet/Back-end network/rail 0/leaf-spine links/h1's leaf <-> 192.168.0.6"});
+            std::vector<std::string>{
+                "fleet/Back-end network/rail 0/leaf-spine links/h1's leaf <-> 192.168.0.6"});
 }
 
 TEST(AuditVerdict, AHostSlowThroughEveryRouterIsThePairsNotALink) {
@@ -185,7 +208,8 @@ TEST(AuditVerdict, AHostSlowThroughEveryRouterIsThePairsNotALink) {
 TEST(AuditVerdict, AFailedConnectionFailsItsPair) {
   auto m = mesh();
   m[5].error = "write completed with transport retry counter exceeded";
-  Node n = judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, m);
+  Node n =
+      judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, m);
   auto bad = bad_leaves(n);
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_NE(bad[0].find("rail 0/pairs/h1 -> h4 via 192.168.0.6"), std::string::npos) << bad[0];

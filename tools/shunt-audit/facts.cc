@@ -40,18 +40,22 @@ std::vector<std::string> list_dir(const std::string& path) {
   return out;
 }
 
-bool exists(const std::string& p) { return access(p.c_str(), F_OK) == 0; }
+bool exists(const std::string& p) {
+  return access(p.c_str(), F_OK) == 0;
+}
 
 // The RDMA provider drivers a host may load (kernel modules).
-const char* const kProviders[] = {"mlx5_ib", "mlx4_ib", "rdma_rxe", "siw", "irdma", "bnxt_re", "efa",
-                                  "hns_roce_hw_v2", "qedr", "erdma", "mana_ib", "ionic_rdma", "cxgb4"};
+const char* const kProviders[] = {"mlx5_ib", "mlx4_ib",    "rdma_rxe",       "siw",  "irdma",
+                                  "bnxt_re", "efa",        "hns_roce_hw_v2", "qedr", "erdma",
+                                  "mana_ib", "ionic_rdma", "cxgb4"};
 
 std::string rdma_core_version() {
   // libibverbs.so.1.14.44.0: the last two parts are rdma-core's release.
   std::string found;
   dl_iterate_phdr(
       [](dl_phdr_info* i, size_t, void* out) {
-        if (i->dlpi_name && strstr(i->dlpi_name, "libibverbs.so")) *static_cast<std::string*>(out) = i->dlpi_name;
+        if (i->dlpi_name && strstr(i->dlpi_name, "libibverbs.so"))
+          *static_cast<std::string*>(out) = i->dlpi_name;
         return 0;
       },
       &found);
@@ -89,8 +93,9 @@ json find_nccl() {
     for (std::string d; std::getline(ss, d, ':');)
       if (!d.empty()) dirs.push_back(d);
   }
-  for (auto* d : {"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib", "/usr/lib", "/usr/lib64",
-                  "/usr/local/cuda/lib64", "/usr/local/nccl/lib", "/opt/nccl/lib"})
+  for (auto* d :
+       {"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib", "/usr/lib",
+        "/usr/lib64", "/usr/local/cuda/lib64", "/usr/local/nccl/lib", "/opt/nccl/lib"})
     dirs.push_back(d);
   for (auto& d : dirs)
     for (auto& f : list_dir(d))
@@ -107,17 +112,23 @@ json find_nccl() {
 bool cap_ipc_lock() {
   std::ifstream f("/proc/self/status");
   for (std::string l; std::getline(f, l);)
-    if (l.rfind("CapEff:", 0) == 0) return (std::stoull(l.substr(7), nullptr, 16) >> 14) & 1;  // CAP_IPC_LOCK = 14
+    if (l.rfind("CapEff:", 0) == 0)
+      return (std::stoull(l.substr(7), nullptr, 16) >> 14) & 1;  // CAP_IPC_LOCK = 14
   return false;
 }
 
 const char* width_text(uint8_t w) {
   switch (w) {
-    case 1: return "1X";
-    case 2: return "4X";
-    case 4: return "8X";
-    case 8: return "12X";
-    case 16: return "2X";
+    case 1:
+      return "1X";
+    case 2:
+      return "4X";
+    case 4:
+      return "8X";
+    case 8:
+      return "12X";
+    case 16:
+      return "2X";
   }
   return "?";
 }
@@ -163,9 +174,12 @@ json device_facts(const std::string& name) {
   for (int p = 1; p <= da.phys_port_cnt; p++) {
     ibv_port_attr pa{};
     if (ibv_query_port(ctx, p, &pa)) continue;
-    json j{{"port", p}, {"state", pa.state == IBV_PORT_ACTIVE ? "ACTIVE" : ibv_port_state_str(pa.state)},
-           {"mtu", 128 << pa.active_mtu}, {"width", width_text(pa.active_width)},
-           {"speed", read_line("/sys/class/infiniband/" + name + "/ports/" + std::to_string(p) + "/rate")},
+    json j{{"port", p},
+           {"state", pa.state == IBV_PORT_ACTIVE ? "ACTIVE" : ibv_port_state_str(pa.state)},
+           {"mtu", 128 << pa.active_mtu},
+           {"width", width_text(pa.active_width)},
+           {"speed",
+            read_line("/sys/class/infiniband/" + name + "/ports/" + std::to_string(p) + "/rate")},
            {"link_layer", pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand"}};
     // The first RoCEv2 GID that carries an IPv4 address: what a routed
     // RoCE fabric addresses this port by.
@@ -182,7 +196,8 @@ json device_facts(const std::string& name) {
       j["gid_index"] = g;
       break;
     }
-    if (j.contains("netdev")) j["netdev_mtu"] = read_line("/sys/class/net/" + j["netdev"].get<std::string>() + "/mtu");
+    if (j.contains("netdev"))
+      j["netdev_mtu"] = read_line("/sys/class/net/" + j["netdev"].get<std::string>() + "/mtu");
     j["counters"] = counters_of(name, p);
     d["ports"].push_back(j);
   }
@@ -207,7 +222,8 @@ json host_facts(const std::vector<std::string>& devices) {
   f["rdma_core"] = rdma_core_version();
   rlimit rl{};
   getrlimit(RLIMIT_MEMLOCK, &rl);
-  f["memlock"] = {{"soft", rl.rlim_cur == RLIM_INFINITY ? -1.0 : double(rl.rlim_cur)}, {"cap_ipc_lock", cap_ipc_lock()}};
+  f["memlock"] = {{"soft", rl.rlim_cur == RLIM_INFINITY ? -1.0 : double(rl.rlim_cur)},
+                  {"cap_ipc_lock", cap_ipc_lock()}};
   f["nccl"] = find_nccl();
   f["shunt_preloaded"] = shunt_loaded();
   f["devices"] = json::array();
@@ -218,7 +234,8 @@ json host_facts(const std::vector<std::string>& devices) {
 json port_counters(const std::vector<std::string>& devices) {
   json c = json::object();
   for (auto& d : device_names(devices))
-    for (auto& p : list_dir("/sys/class/infiniband/" + d + "/ports")) c[d + "/" + p] = counters_of(d, std::atoi(p.c_str()));
+    for (auto& p : list_dir("/sys/class/infiniband/" + d + "/ports"))
+      c[d + "/" + p] = counters_of(d, std::atoi(p.c_str()));
   return c;
 }
 
@@ -231,8 +248,8 @@ std::vector<PortRef> rails(const json& facts) {
       continue;
     }
     auto& p = ports[0];
-    out.push_back({d.value("name", "?"), p.value("port", 1), p.value("gid_index", -1), p.value("ipv4", ""),
-                   p.value("state", "") == "ACTIVE"});
+    out.push_back({d.value("name", "?"), p.value("port", 1), p.value("gid_index", -1),
+                   p.value("ipv4", ""), p.value("state", "") == "ACTIVE"});
   }
   return out;
 }

@@ -1,11 +1,11 @@
 #include "tools/shunt-audit/rc.h"
 
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
 #include <ctime>
-#include <fmt/format.h>
 #include <stdexcept>
 #include <vector>
 
@@ -37,7 +37,8 @@ std::string hex(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-RcEndpoint::RcEndpoint(const std::string& dev, int port, int gid_index) : port_(port), gid_index_(gid_index) {
+RcEndpoint::RcEndpoint(const std::string& dev, int port, int gid_index)
+    : port_(port), gid_index_(gid_index) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   for (int i = 0; list && i < n && !ctx_; i++)
@@ -47,17 +48,21 @@ RcEndpoint::RcEndpoint(const std::string& dev, int port, int gid_index) : port_(
   try {
     ibv_port_attr pa{};
     if (int rc = ibv_query_port(ctx_, port_, &pa)) fail("ibv_query_port", rc);
-    if (pa.state != IBV_PORT_ACTIVE) throw std::runtime_error(dev + " port " + std::to_string(port_) + " is not ACTIVE");
+    if (pa.state != IBV_PORT_ACTIVE)
+      throw std::runtime_error(dev + " port " + std::to_string(port_) + " is not ACTIVE");
     mtu_ = pa.active_mtu;
     if (gid_index_ < 0) gid_index_ = 0;
-    if (int rc = ibv_query_gid(ctx_, port_, gid_index_, &gid_)) fail("ibv_query_gid", rc > 0 ? rc : errno);
+    if (int rc = ibv_query_gid(ctx_, port_, gid_index_, &gid_))
+      fail("ibv_query_gid", rc > 0 ? rc : errno);
     pd_ = ibv_alloc_pd(ctx_);
     if (!pd_) fail("ibv_alloc_pd", errno);
     cq_ = ibv_create_cq(ctx_, 2 * kDepth + 4, nullptr, nullptr, 0);
     if (!cq_) fail("ibv_create_cq", errno);
-    buf_ = static_cast<char*>(mmap(nullptr, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    buf_ = static_cast<char*>(
+        mmap(nullptr, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (buf_ == MAP_FAILED) buf_ = nullptr, fail("mmap", errno);
-    mr_ = ibv_reg_mr(pd_, buf_, kBuf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    mr_ = ibv_reg_mr(pd_, buf_, kBuf,
+                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     if (!mr_) fail("ibv_reg_mr", errno);
     ibv_qp_init_attr a{};
     a.send_cq = a.recv_cq = cq_;
@@ -71,7 +76,8 @@ RcEndpoint::RcEndpoint(const std::string& dev, int port, int gid_index) : port_(
     m.qp_state = IBV_QPS_INIT;
     m.port_num = port_;
     m.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (int rc = ibv_modify_qp(qp_, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    if (int rc = ibv_modify_qp(
+            qp_, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
       fail("ibv_modify_qp to INIT", rc);
   } catch (...) {
     this->~RcEndpoint();
@@ -90,8 +96,11 @@ RcEndpoint::~RcEndpoint() {
 }
 
 json RcEndpoint::address() const {
-  return {{"qpn", qp_->qp_num}, {"gid", hex(gid_.raw, 16)}, {"mtu", int(mtu_)},
-          {"addr", reinterpret_cast<uint64_t>(buf_)}, {"rkey", mr_->rkey}};
+  return {{"qpn", qp_->qp_num},
+          {"gid", hex(gid_.raw, 16)},
+          {"mtu", int(mtu_)},
+          {"addr", reinterpret_cast<uint64_t>(buf_)},
+          {"rkey", mr_->rkey}};
 }
 
 void RcEndpoint::connect(const json& remote, uint32_t flow_label) {
@@ -106,12 +115,14 @@ void RcEndpoint::connect(const json& remote, uint32_t flow_label) {
   m.min_rnr_timer = 12;
   m.ah_attr.port_num = port_;
   m.ah_attr.is_global = 1;
-  for (int i = 0; i < 16; i++) m.ah_attr.grh.dgid.raw[i] = static_cast<uint8_t>(std::stoi(g.substr(2 * i, 2), nullptr, 16));
+  for (int i = 0; i < 16; i++)
+    m.ah_attr.grh.dgid.raw[i] = static_cast<uint8_t>(std::stoi(g.substr(2 * i, 2), nullptr, 16));
   m.ah_attr.grh.sgid_index = gid_index_;
   m.ah_attr.grh.hop_limit = 64;
   m.ah_attr.grh.flow_label = flow_label;
-  if (int rc = ibv_modify_qp(qp_, &m, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+  if (int rc = ibv_modify_qp(qp_, &m,
+                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
     fail("ibv_modify_qp to RTR", rc);
   std::memset(&m, 0, sizeof m);
   m.qp_state = IBV_QPS_RTS;
@@ -120,8 +131,9 @@ void RcEndpoint::connect(const json& remote, uint32_t flow_label) {
   m.rnr_retry = 5;
   m.sq_psn = kPsn;
   m.max_rd_atomic = 1;
-  if (int rc = ibv_modify_qp(qp_, &m, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+  if (int rc = ibv_modify_qp(qp_, &m,
+                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
     fail("ibv_modify_qp to RTS", rc);
   remote_addr_ = remote.at("addr").get<uint64_t>();
   remote_rkey_ = remote.at("rkey").get<uint32_t>();

@@ -1,8 +1,8 @@
 #include "tools/shunt-audit/verdict.h"
 
-#include <algorithm>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -14,9 +14,12 @@ namespace audit {
 
 const char* status_name(Status s) {
   switch (s) {
-    case Status::pass: return "pass";
-    case Status::warn: return "warn";
-    case Status::fail: return "fail";
+    case Status::pass:
+      return "pass";
+    case Status::warn:
+      return "warn";
+    case Status::fail:
+      return "fail";
   }
   return "?";
 }
@@ -54,7 +57,8 @@ std::string majority(const std::vector<std::string>& values) {
   return best;
 }
 
-Status judge_higher(double v, double m, double warn_frac, double fail_frac, double warn_floor, double fail_floor) {
+Status judge_higher(double v, double m, double warn_frac, double fail_frac, double warn_floor,
+                    double fail_floor) {
   if (v < fail_floor || v < fail_frac * m) return Status::fail;
   if (v < warn_floor || v < warn_frac * m) return Status::warn;
   return Status::pass;
@@ -67,15 +71,19 @@ Status judge_lower(double v, double m, double warn_mult, double fail_mult, doubl
   return Status::pass;
 }
 
-Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, const std::vector<std::string>& names) {
+Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
+                     const std::vector<std::string>& names) {
   Judged out;
-  auto name = [&](int h) { return h < static_cast<int>(names.size()) ? names[h] : fmt::format("host {}", h); };
+  auto name = [&](int h) {
+    return h < static_cast<int>(names.size()) ? names[h] : fmt::format("host {}", h);
+  };
   out.bw.assign(ms.size(), Status::pass);
   out.lat.assign(ms.size(), Status::pass);
   out.note.assign(ms.size(), "");
   std::map<int, std::vector<double>> bw_of_rail, lat_of_rail;
   for (auto& m : ms)
-    if (m.error.empty() && m.skipped.empty()) bw_of_rail[m.rail].push_back(m.mbps), lat_of_rail[m.rail].push_back(m.lat_us);
+    if (m.error.empty() && m.skipped.empty())
+      bw_of_rail[m.rail].push_back(m.mbps), lat_of_rail[m.rail].push_back(m.lat_us);
   std::map<int, double> bw_med, lat_med;
   for (auto& [r, v] : bw_of_rail) bw_med[r] = median(v);
   for (auto& [r, v] : lat_of_rail) lat_med[r] = median(v);
@@ -86,8 +94,10 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, co
       out.bw[i] = out.lat[i] = Status::fail;
       continue;
     }
-    out.bw[i] = judge_higher(m.mbps, bw_med[m.rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor, t.bw_fail_floor);
-    out.lat[i] = judge_lower(m.lat_us, lat_med[m.rail], t.lat_warn_mult, t.lat_fail_mult, t.lat_slack_us);
+    out.bw[i] = judge_higher(m.mbps, bw_med[m.rail], t.bw_warn_frac, t.bw_fail_frac,
+                             t.bw_warn_floor, t.bw_fail_floor);
+    out.lat[i] =
+        judge_lower(m.lat_us, lat_med[m.rail], t.lat_warn_mult, t.lat_fail_mult, t.lat_slack_us);
   }
   // Group a host's measurements by (rail, router): where its group through
   // one router is slow as a whole (its median an outlier) and a group of
@@ -95,21 +105,23 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, co
   // its leaf up to that router is what is slow.
   std::map<std::tuple<int, int, std::string>, std::vector<size_t>> groups;
   for (size_t i = 0; i < ms.size(); i++)
-    if (!ms[i].router.empty() && ms[i].skipped.empty()) groups[{ms[i].src, ms[i].rail, ms[i].router}].push_back(i);
+    if (!ms[i].router.empty() && ms[i].skipped.empty())
+      groups[{ms[i].src, ms[i].rail, ms[i].router}].push_back(i);
   for (auto& [k, idx] : groups) {
     auto& [host, rail, router] = k;
     std::vector<double> v;
     for (size_t i : idx) v.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
     double gm = median(v);
-    Status s = judge_higher(gm, bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor, t.bw_fail_floor);
+    Status s = judge_higher(gm, bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor,
+                            t.bw_fail_floor);
     if (s == Status::pass) continue;
     bool other_fine = false;
     for (auto& [k2, idx2] : groups) {
       if (std::get<0>(k2) != host || std::get<1>(k2) != rail || std::get<2>(k2) == router) continue;
       std::vector<double> v2;
       for (size_t i : idx2) v2.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
-      if (judge_higher(median(v2), bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor, t.bw_fail_floor) ==
-          Status::pass)
+      if (judge_higher(median(v2), bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor,
+                       t.bw_fail_floor) == Status::pass)
         other_fine = true;
     }
     if (!other_fine) continue;  // the host itself (or its NIC) is slow, not one uplink
@@ -123,9 +135,11 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t, co
   // its, not their senders'.
   for (auto& l : out.links)
     for (size_t i = 0; i < ms.size(); i++)
-      if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass && ms[i].error.empty()) {
+      if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass &&
+          ms[i].error.empty()) {
         out.bw[i] = out.lat[i] = Status::pass;
-        out.note[i] = fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host), l.router);
+        out.note[i] = fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host),
+                                  l.router);
       }
   return out;
 }
@@ -147,15 +161,16 @@ std::string bytes_text(double b) {
 
 // A fleet-wide "same everywhere" check: one leaf per host, those that
 // differ from the majority get `differ`.
-Node same_everywhere(const std::string& name, const std::vector<std::string>& vals, const std::vector<std::string>& names,
-                     Status differ) {
+Node same_everywhere(const std::string& name, const std::vector<std::string>& vals,
+                     const std::vector<std::string>& names, Status differ) {
   Node n{name};
   std::string maj = majority(vals);
   std::set<std::string> distinct(vals.begin(), vals.end());
   n.detail = distinct.size() <= 1 ? (maj.empty() ? "(none)" : maj) + " on every host"
                                   : fmt::format("{} values; most hosts: {}", distinct.size(), maj);
   for (size_t i = 0; i < vals.size(); i++) {
-    Node h{names[i], vals[i] == maj ? Status::pass : differ, vals[i].empty() ? "(none)" : vals[i], names[i]};
+    Node h{names[i], vals[i] == maj ? Status::pass : differ, vals[i].empty() ? "(none)" : vals[i],
+           names[i]};
     if (vals[i] != maj) h.detail += " (most hosts: " + (maj.empty() ? "(none)" : maj) + ")";
     n.add(std::move(h));
   }
@@ -164,22 +179,29 @@ Node same_everywhere(const std::string& name, const std::vector<std::string>& va
 
 // Link error counters (any rise fails) and retransmit/sequence counters.
 bool is_link_error(const std::string& c) {
-  static const std::set<std::string> k{"symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
-                                       "local_link_integrity_errors", "excessive_buffer_overrun_errors",
-                                       "port_rcv_remote_physical_errors", "port_xmit_discards"};
+  static const std::set<std::string> k{"symbol_error",
+                                       "link_downed",
+                                       "link_error_recovery",
+                                       "port_rcv_errors",
+                                       "local_link_integrity_errors",
+                                       "excessive_buffer_overrun_errors",
+                                       "port_rcv_remote_physical_errors",
+                                       "port_xmit_discards"};
   return k.count(c) > 0;
 }
 bool is_retransmit(const std::string& c) {
-  static const std::set<std::string> k{"completer_retry_err", "retry_exceeded_err", "rcvd_seq_err", "out_of_sequence",
-                                       "packet_seq_err", "duplicate_request", "local_ack_timeout_err",
-                                       "rnr_nak_retry_err", "roce_slow_restart", "implied_nak_seq_err"};
+  static const std::set<std::string> k{
+      "completer_retry_err", "retry_exceeded_err", "rcvd_seq_err",          "out_of_sequence",
+      "packet_seq_err",      "duplicate_request",  "local_ack_timeout_err", "rnr_nak_retry_err",
+      "roce_slow_restart",   "implied_nak_seq_err"};
   return k.count(c) > 0;
 }
 
 }  // namespace
 
-Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& names, const std::vector<json>& after,
-              const std::vector<Measurement>& ms, const Thresholds& t) {
+Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& names,
+              const std::vector<json>& after, const std::vector<Measurement>& ms,
+              const Thresholds& t) {
   size_t n = facts.size();
   Node root{"fleet"};
   // ---------------------------------------------------------------- software
@@ -189,14 +211,17 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     for (auto& f : facts) v.push_back(get(f));
     return v;
   };
-  sw.add(same_everywhere("kernel", column([](const json& f) { return str(f, "kernel"); }), names, Status::warn));
+  sw.add(same_everywhere("kernel", column([](const json& f) { return str(f, "kernel"); }), names,
+                         Status::warn));
   sw.add(same_everywhere("RDMA provider modules", column([](const json& f) {
                            std::string s;
-                           for (auto& m : f.value("provider_modules", json::array())) s += (s.empty() ? "" : " ") + m.get<std::string>();
+                           for (auto& m : f.value("provider_modules", json::array()))
+                             s += (s.empty() ? "" : " ") + m.get<std::string>();
                            return s;
                          }),
                          names, Status::warn));
-  sw.add(same_everywhere("rdma-core", column([](const json& f) { return str(f, "rdma_core"); }), names, Status::warn));
+  sw.add(same_everywhere("rdma-core", column([](const json& f) { return str(f, "rdma_core"); }),
+                         names, Status::warn));
   {
     auto v = column([](const json& f) {
       auto m = f.value("mptcp", -1);
@@ -204,7 +229,9 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     });
     Node& mp = sw.add(same_everywhere("MPTCP", v, names, Status::warn));
     for (size_t i = 0; i < n; i++)
-      if (v[i] != "enabled") mp.children[i].status = Status::warn, mp.children[i].detail += ": shunt's socket rails need net.mptcp.enabled=1";
+      if (v[i] != "enabled")
+        mp.children[i].status = Status::warn,
+        mp.children[i].detail += ": shunt's socket rails need net.mptcp.enabled=1";
   }
   {
     Node& ml = sw.add({"memlock limit"});
@@ -214,8 +241,12 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
       bool cap = m.value("cap_ipc_lock", false);
       Node h{names[i], Status::pass, bytes_text(soft), names[i]};
       if (soft >= 0 && soft < t.memlock_floor) {
-        if (cap) h.detail += " (not binding: CAP_IPC_LOCK)";
-        else h.status = Status::warn, h.detail += fmt::format(" (below {}: RDMA registration will fail)", bytes_text(t.memlock_floor));
+        if (cap)
+          h.detail += " (not binding: CAP_IPC_LOCK)";
+        else
+          h.status = Status::warn,
+          h.detail +=
+              fmt::format(" (below {}: RDMA registration will fail)", bytes_text(t.memlock_floor));
       }
       ml.add(std::move(h));
     }
@@ -230,9 +261,13 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
         h.detail = "not installed";
         if (t.expect_nccl) h.status = Status::fail;
       } else {
-        h.detail = m.value("path", "") + (m.value("version", "").empty() ? "" : " (" + m.value("version", "") + ")");
-        if (shunt) h.detail += "; libshunt.so is preloaded: shunt reaches it";
-        else h.status = Status::warn, h.detail += "; libshunt.so is not in LD_PRELOAD: shunt will not reach it";
+        h.detail = m.value("path", "") +
+                   (m.value("version", "").empty() ? "" : " (" + m.value("version", "") + ")");
+        if (shunt)
+          h.detail += "; libshunt.so is preloaded: shunt reaches it";
+        else
+          h.status = Status::warn,
+          h.detail += "; libshunt.so is not in LD_PRELOAD: shunt will not reach it";
       }
       nc.add(std::move(h));
     }
@@ -247,7 +282,8 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
   // retransmits are that link's.
   std::map<std::pair<int, int>, std::string> crossed;
   for (size_t i = 0; i < ms.size(); i++)
-    if (!j.note[i].empty()) crossed[{ms[i].src, ms[i].rail}] = crossed[{ms[i].dst, ms[i].rail}] = j.note[i];
+    if (!j.note[i].empty())
+      crossed[{ms[i].src, ms[i].rail}] = crossed[{ms[i].dst, ms[i].rail}] = j.note[i];
   // Fleet values of every port attribute that must agree, over ACTIVE ports.
   std::map<std::string, std::vector<std::string>> fleet;
   auto ports_of = [](const json& f) {
@@ -264,9 +300,12 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
         for (auto* k : {"speed", "width", "mtu", "netdev_mtu"}) fleet[k].push_back(str(p, k));
   }
   std::string want_ndev = majority(ndev);
-  std::map<std::string, std::vector<double>> rises;  // retransmit counter rises over the fleet, per counter
-  auto rise = [&](size_t i, const std::string& key, const std::string& c, double before) -> std::optional<double> {
-    if (i >= after.size() || !after[i].contains(key) || !after[i][key].contains(c)) return std::nullopt;
+  std::map<std::string, std::vector<double>>
+      rises;  // retransmit counter rises over the fleet, per counter
+  auto rise = [&](size_t i, const std::string& key, const std::string& c,
+                  double before) -> std::optional<double> {
+    if (i >= after.size() || !after[i].contains(key) || !after[i][key].contains(c))
+      return std::nullopt;
     return after[i][key][c].get<double>() - before;
   };
   for (size_t i = 0; i < n; i++)
@@ -274,13 +313,15 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
       json cs = p.value("counters", json::object());
       for (auto& [c, v] : cs.items())
         if (is_retransmit(c))
-          if (auto r = rise(i, d + "/" + str(p, "port"), c, v.get<double>())) rises[c].push_back(*r);
+          if (auto r = rise(i, d + "/" + str(p, "port"), c, v.get<double>()))
+            rises[c].push_back(*r);
     }
   for (size_t i = 0; i < n; i++) {
     Node& h = node.add({names[i], Status::pass, "", names[i]});
     auto devs = facts[i].value("devices", json::array());
     Node& cnt = h.add({"RDMA devices", Status::pass, std::to_string(devs.size()), names[i]});
-    if (devs.empty()) cnt.status = Status::fail, cnt.detail = "none";
+    if (devs.empty())
+      cnt.status = Status::fail, cnt.detail = "none";
     else if (std::to_string(devs.size()) != want_ndev)
       cnt.status = Status::warn, cnt.detail += " (most hosts: " + want_ndev + ")";
     int rail = -1;
@@ -290,18 +331,21 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
       std::string where = names[i] + "/" + d + "/" + str(p, "port");
       Node& pn = h.add({d + " port " + str(p, "port"), Status::pass, "", where});
       std::string state = p.value("state", "?");
-      pn.add({"state", state == "ACTIVE" ? Status::pass : Status::fail, state + (state == "ACTIVE" ? "" : " (want ACTIVE)"), where});
+      pn.add({"state", state == "ACTIVE" ? Status::pass : Status::fail,
+              state + (state == "ACTIVE" ? "" : " (want ACTIVE)"), where});
       if (state != "ACTIVE") continue;  // nothing else about a port that is down is meaningful
       for (auto* k : {"speed", "width", "mtu", "netdev_mtu"}) {
         std::string v = str(p, k), m = majority(fleet[k]);
-        std::string label = std::string(k) == "netdev_mtu" ? "netdev " + p.value("netdev", "?") + " MTU" : k;
+        std::string label =
+            std::string(k) == "netdev_mtu" ? "netdev " + p.value("netdev", "?") + " MTU" : k;
         Node c{label, v == m ? Status::pass : Status::warn, v, where};
         if (v != m) c.detail += " (fleet: " + m + ")";
         pn.add(std::move(c));
       }
       std::string ip = p.value("ipv4", "");
       pn.add({"IPv4 RoCEv2 GID", ip.empty() ? Status::fail : Status::pass,
-              ip.empty() ? "none (RoCE cannot be routed to this port)" : fmt::format("index {} ({})", p.value("gid_index", -1), ip),
+              ip.empty() ? "none (RoCE cannot be routed to this port)"
+                         : fmt::format("index {} ({})", p.value("gid_index", -1), ip),
               where});
       Node errs{"error counters", Status::pass, "not rising", where};
       std::string risen;
@@ -317,8 +361,9 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
           if (*r > t.retrans_warn && *r > t.retrans_mult * med) {
             auto x = crossed.find({static_cast<int>(i), rail});
             if (x == crossed.end()) errs.status = worst(errs.status, Status::warn);
-            risen += fmt::format("{}{} +{:.0f} (fleet median +{:.0f}{})", risen.empty() ? "" : ", ", c, *r, med,
-                                 x == crossed.end() ? "" : "; its traffic was " + x->second);
+            risen +=
+                fmt::format("{}{} +{:.0f} (fleet median +{:.0f}{})", risen.empty() ? "" : ", ", c,
+                            *r, med, x == crossed.end() ? "" : "; its traffic was " + x->second);
           }
         }
       }
@@ -334,9 +379,12 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     std::string bad;
     for (size_t k = 0; k < r.size() && k < n; k++)
       if (!r[k].get<bool>()) bad += (bad.empty() ? "" : ", ") + names[k];
-    if (r.empty()) h.detail = "not checked";
-    else if (bad.empty()) h.detail = fmt::format("reaches every host's audit port ({})", r.size());
-    else h.status = Status::fail, h.detail = "cannot reach " + bad;
+    if (r.empty())
+      h.detail = "not checked";
+    else if (bad.empty())
+      h.detail = fmt::format("reaches every host's audit port ({})", r.size());
+    else
+      h.status = Status::fail, h.detail = "cannot reach " + bad;
     fe.add(std::move(h));
   }
   // ---------------------------------------------------------------- back-end
@@ -346,9 +394,11 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
   for (int r : rails) {
     std::vector<double> bw, lat;
     for (auto& m : ms)
-      if (m.rail == r && m.error.empty() && m.skipped.empty()) bw.push_back(m.mbps), lat.push_back(m.lat_us);
+      if (m.rail == r && m.error.empty() && m.skipped.empty())
+        bw.push_back(m.mbps), lat.push_back(m.lat_us);
     Node& rn = be.add({fmt::format("rail {}", r), Status::pass,
-                       fmt::format("median {:.1f} MB/s, {:.0f} us over {} measurements", median(bw), median(lat), bw.size())});
+                       fmt::format("median {:.1f} MB/s, {:.0f} us over {} measurements", median(bw),
+                                   median(lat), bw.size())});
     Node& links = rn.add({"leaf-spine links", Status::pass, "none found degraded"});
     for (auto& l : j.links)
       if (l.rail == r) {
@@ -361,15 +411,21 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     for (size_t i = 0; i < ms.size(); i++) {
       auto& m = ms[i];
       if (m.rail != r) continue;
-      std::string label = names[m.src] + " -> " + names[m.dst] + (m.router.empty() ? "" : " via " + m.router);
-      std::string where = fmt::format("rail {} {}->{}{}", r, names[m.src], names[m.dst], m.router.empty() ? "" : " via " + m.router);
+      std::string label =
+          names[m.src] + " -> " + names[m.dst] + (m.router.empty() ? "" : " via " + m.router);
+      std::string where = fmt::format("rail {} {}->{}{}", r, names[m.src], names[m.dst],
+                                      m.router.empty() ? "" : " via " + m.router);
       Node p{label, worst(j.bw[i], j.lat[i]), "", where};
-      if (!m.skipped.empty()) p.detail = "not measured: " + m.skipped;
-      else if (!m.error.empty()) p.detail = "RC connection failed: " + m.error;
+      if (!m.skipped.empty())
+        p.detail = "not measured: " + m.skipped;
+      else if (!m.error.empty())
+        p.detail = "RC connection failed: " + m.error;
       else {
         p.detail = fmt::format("{:.1f} MB/s, {:.0f} us", m.mbps, m.lat_us);
-        if (j.bw[i] != Status::pass) p.detail += fmt::format(" (bandwidth {})", status_name(j.bw[i]));
-        if (j.lat[i] != Status::pass) p.detail += fmt::format(" (latency {})", status_name(j.lat[i]));
+        if (j.bw[i] != Status::pass)
+          p.detail += fmt::format(" (bandwidth {})", status_name(j.bw[i]));
+        if (j.lat[i] != Status::pass)
+          p.detail += fmt::format(" (latency {})", status_name(j.lat[i]));
         if (!j.note[i].empty()) p.detail += " (" + j.note[i] + ")";
       }
       pairs.add(std::move(p));

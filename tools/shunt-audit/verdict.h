@@ -13,15 +13,20 @@ namespace audit {
 
 enum class Status { pass = 0, warn = 1, fail = 2 };
 const char* status_name(Status s);  // "pass", "warn", "fail"
-inline Status worst(Status a, Status b) { return a > b ? a : b; }
+inline Status worst(Status a, Status b) {
+  return a > b ? a : b;
+}
 // The exit status of a verdict: 0 pass, 1 warnings only, 2 failures.
-inline int exit_code(Status s) { return static_cast<int>(s); }
+inline int exit_code(Status s) {
+  return static_cast<int>(s);
+}
 
 struct Node {
   std::string name;
   Status status = Status::pass;
   std::string detail;
-  std::string where;  // what the check is about: "h2/rxe1/1", "rail 0 h1->h3 via 192.168.1.2", "" for the fleet
+  std::string where;  // what the check is about: "h2/rxe1/1", "rail 0 h1->h3 via 192.168.1.2", ""
+                      // for the fleet
   std::vector<Node> children;
   Node& add(Node n) { return children.emplace_back(std::move(n)); }
   // Sets every inner node's status to the worst of its children (and its own).
@@ -62,7 +67,7 @@ struct Measurement {
   std::string router;
   int sport = 0;
   double mbps = 0, lat_us = 0;
-  std::string error;  // not empty: no connection or the transfer failed
+  std::string error;    // not empty: no connection or the transfer failed
   std::string skipped;  // not empty: not run, and why (a port already reported down)
 };
 
@@ -77,14 +82,15 @@ struct LinkFault {
 };
 
 struct Judged {
-  std::vector<Status> bw, lat;  // per measurement, after attribution
+  std::vector<Status> bw, lat;    // per measurement, after attribution
   std::vector<std::string> note;  // per measurement: why it was excused, if it was
   std::vector<LinkFault> links;
 };
 // Judges every measurement against its rail's median and attributes groups
 // of outliers to the link they share.
 // names: the hosts' names for the notes ("host N" where not given).
-Judged judge_backend(const std::vector<Measurement>& m, const Thresholds& t, const std::vector<std::string>& names = {});
+Judged judge_backend(const std::vector<Measurement>& m, const Thresholds& t,
+                     const std::vector<std::string>& names = {});
 
 // The whole tree: facts[i] is host i's report (facts.h's shape), names[i]
 // its name; before/after its counters at the start and end of the audit.
