@@ -215,3 +215,13 @@ TEST(AuditVerdict, AFailedConnectionFailsItsPair) {
   EXPECT_NE(bad[0].find("rail 0/pairs/h1 -> h4 via 192.168.0.6"), std::string::npos) << bad[0];
   EXPECT_EQ(exit_code(n.status), 2);
 }
+
+TEST(AuditVerdict, AHostThatCannotReachAnotherFailsOnTheFrontEnd) {
+  json cut = host();
+  cut["reach"] = {true, true, false, true};
+  json silent = host();
+  silent["reach"] = nullptr;
+  Node n = judge({host(), cut, host(), silent}, {counters(), counters(), counters(), counters()}, mesh());
+  EXPECT_EQ(bad_leaves(n), (std::vector<std::string>{"fleet/Front-end network/h2", "fleet/Front-end network/h4"}));
+  EXPECT_EQ(n.children[2].children[1].detail, "cannot reach h3");
+}

@@ -90,6 +90,8 @@ class Driver {
         }
       }
     }
+    progress("front-end: every host reaching every other");
+    for (size_t i = 0; i < n_; i++) facts_[i]["reach"] = ask_or_null(i, {{"cmd", "audit_reach"}}, 10000 + 4000 * n_);
     // Names: the hosts' own names where they are distinct, else addresses.
     std::map<std::string, int> seen;
     for (auto& f : facts_) seen[f.value("hostname", "")]++;

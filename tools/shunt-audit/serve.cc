@@ -23,12 +23,15 @@ json Server::dispatch(const json& req) {
   if (cmd == "audit_facts") {
     json f = audit::host_facts(o_.devices);
     rails_ = audit::rails(f);
+    return f;
+  }
+  // Asked once every host answered: a host still starting is not unreachable.
+  if (cmd == "audit_reach") {
     json reach = json::array();
     // (not itself: its listener is the thread asking)
     for (size_t h = 0; h < o_.hosts.size(); h++)
       reach.push_back(static_cast<int>(h) == rank_ || reachable(o_.hosts[h], o_.port, key_));
-    f["reach"] = reach;
-    return f;
+    return reach;
   }
   if (cmd == "audit_ping") return {{"ok", true}};
   if (cmd == "audit_counters") return audit::port_counters(o_.devices);

@@ -377,9 +377,11 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     auto r = facts[i].value("reach", json::array());
     Node h{names[i], Status::pass, "", names[i]};
     std::string bad;
-    for (size_t k = 0; k < r.size() && k < n; k++)
-      if (!r[k].get<bool>()) bad += (bad.empty() ? "" : ", ") + names[k];
-    if (r.empty())
+    for (size_t k = 0; r.is_array() && k < r.size() && k < n; k++)
+      if (!r[k].is_boolean() || !r[k].get<bool>()) bad += (bad.empty() ? "" : ", ") + names[k];
+    if (r.is_null())
+      h.status = Status::fail, h.detail = "did not answer the reachability check";
+    else if (r.empty())
       h.detail = "not checked";
     else if (bad.empty())
       h.detail = fmt::format("reaches every host's audit port ({})", r.size());
