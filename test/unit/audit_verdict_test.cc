@@ -194,15 +194,28 @@ TEST(AuditVerdict, ASlowUplinkIsNamedAsThatLinkNotAsItsPairs) {
                 "fleet/Back-end network/rail 0/leaf-spine links/h1's leaf <-> 192.168.0.6"});
 }
 
-TEST(AuditVerdict, AHostSlowThroughEveryRouterIsThePairsNotALink) {
+TEST(AuditVerdict, AHostSlowThroughEveryRouterIsItsOwnLinkNotASpines) {
   auto m = mesh();
   for (auto& x : m)
     if (x.rail == 1 && x.src == 2) x.mbps = 4;
   Judged j = judge_backend(m, Thresholds{});
+  ASSERT_EQ(j.links.size(), 1u);
+  EXPECT_EQ(j.links[0].host, 2);
+  EXPECT_EQ(j.links[0].rail, 1);
+  EXPECT_EQ(j.links[0].router, "");
+  Node n = judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, m);
+  EXPECT_EQ(bad_leaves(n), std::vector<std::string>{"fleet/Back-end network/rail 1/host links/h3's rxe1 <-> its leaf"});
+}
+
+TEST(AuditVerdict, OneSlowPairIsThatPairAlone) {
+  auto m = mesh();
+  for (auto& x : m)
+    if (x.rail == 1 && x.src == 2 && x.dst == 3) x.mbps = 4;
+  Judged j = judge_backend(m, Thresholds{});
   EXPECT_TRUE(j.links.empty());
   size_t failed = 0;
   for (size_t i = 0; i < m.size(); i++) failed += j.bw[i] == Status::fail;
-  EXPECT_EQ(failed, 6u);  // h3's 3 peers x 2 routers on rail 1
+  EXPECT_EQ(failed, 2u);  // h3 -> h4 through both routers
 }
 
 TEST(AuditVerdict, AFailedConnectionFailsItsPair) {

@@ -130,6 +130,24 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
     // (its queue slows the reads too: their latency is the link's as well)
     for (size_t i : idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = "slow through " + why;
   }
+  // A host slow on a rail through every router (what no uplink explains):
+  // its own NIC or the link from it to its leaf (router "" in links).
+  std::map<std::pair<int, int>, std::vector<size_t>> of_host;
+  for (size_t i = 0; i < ms.size(); i++)
+    if (ms[i].skipped.empty() && out.note[i].empty()) of_host[{ms[i].src, ms[i].rail}].push_back(i);
+  for (auto& [k, idx] : of_host) {
+    std::vector<double> v;
+    for (size_t i : idx) v.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
+    auto [host, rail] = k;
+    Status s = judge_higher(median(v), bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor,
+                            t.bw_fail_floor);
+    if (s == Status::pass || idx.size() < 2) continue;
+    out.links.push_back({host, rail, "", s, median(v), bw_med[rail]});
+    for (size_t i : idx)
+      if (ms[i].error.empty())
+        out.bw[i] = out.lat[i] = Status::pass,
+        out.note[i] = fmt::format("slow from {} on every path: its NIC or its link to the leaf", name(host));
+  }
   // The same link carries traffic down to that host as well (its fault
   // is usually both ways): slow measurements towards it on that rail are
   // its, not their senders'.
@@ -138,8 +156,9 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
       if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass &&
           ms[i].error.empty()) {
         out.bw[i] = out.lat[i] = Status::pass;
-        out.note[i] = fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host),
-                                  l.router);
+        out.note[i] = l.router.empty()
+                          ? fmt::format("slow, probably through {}'s NIC or link to its leaf", name(l.host))
+                          : fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host), l.router);
       }
   return out;
 }
@@ -401,14 +420,25 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     Node& rn = be.add({fmt::format("rail {}", r), Status::pass,
                        fmt::format("median {:.1f} MB/s, {:.0f} us over {} measurements", median(bw),
                                    median(lat), bw.size())});
-    Node& links = rn.add({"leaf-spine links", Status::pass, "none found degraded"});
-    for (auto& l : j.links)
-      if (l.rail == r) {
+    rn.add({"host links", Status::pass, "none found degraded"});
+    rn.add({"leaf-spine links", Status::pass, "none found degraded"});
+    Node &hl = rn.children[0], &links = rn.children[1];  // (references after both adds: the vector grows)
+    for (auto& l : j.links) {
+      if (l.rail != r) continue;
+      std::string speed = fmt::format("{:.1f} MB/s, rail median {:.1f}", l.mbps, l.fleet_mbps);
+      if (l.router.empty()) {
+        // the rail's device on that host: its devices in name order, as the rails are
+        auto devs = facts[l.host].value("devices", json::array());
+        std::string dev = r < static_cast<int>(devs.size()) ? devs[r].value("name", "?") : "?";
+        hl.detail = "";
+        hl.add({fmt::format("{}'s {} <-> its leaf", names[l.host], dev), l.status,
+                "slow on every path from it: " + speed, fmt::format("{}/{}", names[l.host], dev)});
+      } else {
         links.detail = "";
-        links.add({fmt::format("{}'s leaf <-> {}", names[l.host], l.router), l.status,
-                   fmt::format("{:.1f} MB/s through it, rail median {:.1f}", l.mbps, l.fleet_mbps),
+        links.add({fmt::format("{}'s leaf <-> {}", names[l.host], l.router), l.status, "slow through it: " + speed,
                    fmt::format("rail {} {}-leaf uplink {}", r, names[l.host], l.router)});
       }
+    }
     Node& pairs = rn.add({"pairs"});
     for (size_t i = 0; i < ms.size(); i++) {
       auto& m = ms[i];
