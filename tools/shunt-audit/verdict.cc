@@ -99,54 +99,46 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
     out.lat[i] =
         judge_lower(m.lat_us, lat_med[m.rail], t.lat_warn_mult, t.lat_fail_mult, t.lat_slack_us);
   }
-  // Group a host's measurements by (rail, router): where its group through
-  // one router is slow as a whole (its median an outlier) and a group of
-  // the same host and rail through another router is not, the link from
-  // its leaf up to that router is what is slow.
-  std::map<std::tuple<int, int, std::string>, std::vector<size_t>> groups;
+  // A host's measurements on a rail, by the router they went through.
+  // Where even its best router's are slow, the host itself is (its NIC, or
+  // its link to the leaf: router "" in links); otherwise a router whose
+  // measurements are slow as a group names the link from the host's leaf
+  // up to that router. Either way the link, not its pairs, is reported.
+  auto judge_bw = [&](double v, int rail) {
+    return judge_higher(v, bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor, t.bw_fail_floor);
+  };
+  std::map<std::pair<int, int>, std::map<std::string, std::vector<size_t>>> groups;
   for (size_t i = 0; i < ms.size(); i++)
-    if (!ms[i].router.empty() && ms[i].skipped.empty())
-      groups[{ms[i].src, ms[i].rail, ms[i].router}].push_back(i);
-  for (auto& [k, idx] : groups) {
-    auto& [host, rail, router] = k;
-    std::vector<double> v;
-    for (size_t i : idx) v.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
-    double gm = median(v);
-    Status s = judge_higher(gm, bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor,
-                            t.bw_fail_floor);
-    if (s == Status::pass) continue;
-    bool other_fine = false;
-    for (auto& [k2, idx2] : groups) {
-      if (std::get<0>(k2) != host || std::get<1>(k2) != rail || std::get<2>(k2) == router) continue;
-      std::vector<double> v2;
-      for (size_t i : idx2) v2.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
-      if (judge_higher(median(v2), bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor,
-                       t.bw_fail_floor) == Status::pass)
-        other_fine = true;
-    }
-    if (!other_fine) continue;  // the host itself (or its NIC) is slow, not one uplink
-    out.links.push_back({host, rail, router, s, gm, bw_med[rail]});
-    std::string why = fmt::format("the link from {}'s leaf up to {}", name(host), router);
-    // (its queue slows the reads too: their latency is the link's as well)
-    for (size_t i : idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = "slow through " + why;
-  }
-  // A host slow on a rail through every router (what no uplink explains):
-  // its own NIC or the link from it to its leaf (router "" in links).
-  std::map<std::pair<int, int>, std::vector<size_t>> of_host;
-  for (size_t i = 0; i < ms.size(); i++)
-    if (ms[i].skipped.empty() && out.note[i].empty()) of_host[{ms[i].src, ms[i].rail}].push_back(i);
-  for (auto& [k, idx] : of_host) {
-    std::vector<double> v;
-    for (size_t i : idx) v.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
+    if (ms[i].skipped.empty()) groups[{ms[i].src, ms[i].rail}][ms[i].router].push_back(i);
+  for (auto& [k, by_router] : groups) {
     auto [host, rail] = k;
-    Status s = judge_higher(median(v), bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor,
-                            t.bw_fail_floor);
-    if (s == Status::pass || idx.size() < 2) continue;
-    out.links.push_back({host, rail, "", s, median(v), bw_med[rail]});
-    for (size_t i : idx)
-      if (ms[i].error.empty())
-        out.bw[i] = out.lat[i] = Status::pass,
-        out.note[i] = fmt::format("slow from {} on every path: its NIC or its link to the leaf", name(host));
+    std::map<std::string, double> med;
+    double best = -1;
+    size_t count = 0;
+    for (auto& [router, idx] : by_router) {
+      std::vector<double> v;
+      for (size_t i : idx) v.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
+      med[router] = median(v);
+      best = std::max(best, med[router]);
+      count += idx.size();
+    }
+    auto excuse = [&](const std::vector<size_t>& idx, const std::string& why) {
+      for (size_t i : idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = why;
+    };
+    if (Status s = judge_bw(best, rail); s != Status::pass) {
+      if (count < 2) continue;  // one measurement: that pair, nothing to tell a link by
+      out.links.push_back({host, rail, "", s, best, bw_med[rail]});
+      for (auto& [router, idx] : by_router)
+        excuse(idx, fmt::format("slow from {} on every path: its NIC or its link to the leaf", name(host)));
+      continue;
+    }
+    for (auto& [router, idx] : by_router) {
+      Status s = judge_bw(med[router], rail);
+      if (router.empty() || s == Status::pass) continue;
+      out.links.push_back({host, rail, router, s, med[router], bw_med[rail]});
+      // (its queue slows the reads too: their latency is the link's as well)
+      excuse(idx, fmt::format("slow through the link from {}'s leaf up to {}", name(host), router));
+    }
   }
   // The same link carries traffic down to that host as well (its fault
   // is usually both ways): slow measurements towards it on that rail are
