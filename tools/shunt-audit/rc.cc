@@ -126,7 +126,7 @@ void RcEndpoint::connect(const json& remote, uint32_t flow_label) {
     fail("ibv_modify_qp to RTR", rc);
   std::memset(&m, 0, sizeof m);
   m.qp_state = IBV_QPS_RTS;
-  m.timeout = 14;   // 67 ms per try
+  m.timeout = 17;  // 0.5 s per try: a busy or virtual host answers late, and every early retry is a duplicate
   m.retry_cnt = 5;  // 7 is "forever" on some devices: a dead path must end in an error
   m.rnr_retry = 5;
   m.sq_psn = kPsn;
