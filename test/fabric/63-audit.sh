@@ -8,13 +8,15 @@
 # - with three faults at once (h2's rail-1 port down, h4's rail-1 NIC at
 #   MTU 1000 while the others have 1500, h1's rail-0 leaf uplink to one
 #   spine limited by tbf), each is reported where it is: that port's state,
-#   that NIC's MTU, that leaf-spine link, and nothing else fails.
+#   that NIC's MTU, that leaf-spine link, and nothing else fails or warns.
 # Every host runs it with libshunt.so preloaded, as a job's processes
 # would (NCCL, installed here, is then reached). Soft-RoCE on emulated CPUs
-# is noisy: identical paths differ 2-3x in bandwidth, and latency moves by
+# is noisy: identical paths differ up to 3x in bandwidth, and latency moves by
 # up to 10 ms with the host's load, so the audit runs with wider thresholds
 # than its defaults (made for real NICs): latency within 100 ms of the
-# median passes. The faults are far beyond the bandwidth thresholds.
+# median passes, and retransmit counters may rise by 5000 (a guest that
+# gets no CPU for a while has its peers retry: a healthy run saw +1062).
+# The faults are far beyond the bandwidth thresholds.
 # The time each audit took is printed (the bound the tool is meant to meet
 # is 3 minutes for this fabric; no test asserts a time).
 . "$(dirname "$0")/lib.sh"
@@ -23,7 +25,7 @@ AUDIT=$B/bin/shunt-audit
 [ -x "$AUDIT" ] || fail "no $AUDIT (make)"
 up --hosts 4 --rails 2 --spines 2
 KEY=audit-$$
-OPTS=(--bw-warn 0.35 --bw-fail 0.2 --lat-slack-us 100000)
+OPTS=(--bw-warn 0.3 --bw-fail 0.2 --lat-slack-us 100000 --retrans-warn 5000)
 HOSTS=$(for i in 1 2 3 4; do fab addr h$i r0; done | paste -sd,)
 
 # audit TAG: shunt-audit on every host; h1's exit status in $TMP/TAG.rc,
@@ -122,8 +124,9 @@ assert any(n["status"] != "pass" and "Node" in p and "h4" in p and "rxe1 port 1"
            ("mtu" in p or any("MTU" in x for x in p)) for p, n in bad), "h4's rxe1 MTU not reported"
 # l1r0-s1's spine end is 192.168.0.2 (docs/fabric.md: X = 0, J = 1)
 links = [l for l in r["links"] if l["rail"] == 0 and l["host"] == "h1" and l["router"] == "192.168.0.2"]
-assert links and len(r["links"]) == 1, "h1's rail-0 uplink to s1 not named alone (links: %s)" % r["links"]
+assert links, "h1's rail-0 uplink to s1 not named (links: %s)" % r["links"]
 assert any(has(s, "Back-end network", "rail 0", "leaf-spine links") for s in ("warn", "fail")), "no link in the tree"
+assert len(r["links"]) == 1, "links other than this one: %s" % r["links"]
 # Everything else passed: every other leaf that did not pass is one of these.
 for p, n in bad:
     ok = ("h2" in p and "rxe1 port 1" in p) or ("h4" in p and "rxe1 port 1" in p) or "leaf-spine links" in p
