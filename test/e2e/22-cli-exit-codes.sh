@@ -10,7 +10,7 @@ ver=$(cat "$ROOT/VERSION")
 # status CMD...: the exit status, output dropped
 status() { "$@" >/dev/null 2>&1; echo $?; }
 
-for t in shuntctl shunt-run shunt-bench shunt-fabric shunt-probe shunt-peer; do
+for t in shuntctl shunt-run shunt-bench shunt-fabric shunt-probe shunt-peer shunt-audit; do
   bin=$B/bin/$t
   [ -x "$bin" ] || fail "$t not built"
   expect_eq "$("$bin" --version 2>&1)" "$t $ver" "$t --version"
