@@ -3568,8 +3568,7 @@ void run_stall_watch() {
   pthread_setname_np(pthread_self(), "shunt-watch");
   const int64_t stall_ms = config().num(Param::stall_ms);
   const int64_t tick = stall_ms ? std::clamp<int64_t>(stall_ms / 8, 50, 1000) : 1000;
-  // A port not read at the look before has no datable rise (see below).
-  RetransmitWatch retx("/sys/class/infiniband", tick + tick / 2);
+  RetransmitWatch retx;
   std::vector<EventSource> srcs;
   int64_t next_look = mono_ms() + tick;
   for (;;) {
@@ -3602,12 +3601,11 @@ void run_stall_watch() {
     next_look = mono_ms() + tick;
     std::vector<Bundle*> all = all_bundles();
     int64_t now = mono_ms();
-    // A port is read at every look while one of its paths waits: work in
-    // flight and no completion since the look before. A rise is then dated
-    // to within a look, and a stall is judged as soon as it lasted
-    // SHUNT_STALL_MS (the first read of a wait is a baseline: a rise seen
-    // across looks without a read is not dated, it may predate the wait).
-    // Ports whose paths all progress (or are idle) are not read.
+    // Every port with a bundle is read at every look, not only once a
+    // stall is long enough: a rise is then dated to within a look, and a
+    // stall is judged as soon as it lasted SHUNT_STALL_MS (a first read at
+    // that moment would only set a baseline, and the decision waited for
+    // the next retransmission after it).
     std::map<std::string, int64_t> rose;
     auto rise = [&](const std::string& dev, int port) {
       std::string key = dev + "/" + std::to_string(port);
@@ -3615,9 +3613,9 @@ void run_stall_watch() {
       if (it == rose.end()) it = rose.emplace(key, retx.last_rise_ms(dev, port, now)).first;
       return it->second;
     };
-    auto rail_rise = [](Bundle* b, const auto& at, int k) {
-      if (k <= 0 || k >= static_cast<int>(b->rails.size())) return at(b->ctx->device, b->port);
-      return at(b->rails[k].device, b->rails[k].port);
+    auto rail_rise = [&](Bundle* b, int k) {
+      if (k <= 0 || k >= static_cast<int>(b->rails.size())) return rise(b->ctx->device, b->port);
+      return rise(b->rails[k].device, b->rails[k].port);
     };
     std::vector<Bundle*> looked;
     for (Bundle* b : all) {
@@ -3629,15 +3627,12 @@ void run_stall_watch() {
       if (!b->lk.try_lock()) continue;
       std::lock_guard l(b->lk, std::adopt_lock);
       looked.push_back(b);
-      auto waits = [](const Path& p) { return !p.down && p.qp && p.posted != p.done && p.done == p.watch_done; };
-      if (waits(b->prim)) rail_rise(b, rise, kPrimary);
-      for (const auto& p : b->paths)
-        if (waits(p)) rail_rise(b, rise, p.rail);
+      for (size_t k = 0; k < std::max<size_t>(1, b->rails.size()); k++) rail_rise(b, static_cast<int>(k));
     }
     for (Bundle* b : looked) {
       std::lock_guard m(b->mu);
       if (b->dead || !b->active.load()) continue;
-      check_stalls(b, now, stall_ms, [&](int k) { return rail_rise(b, rise, k); });
+      check_stalls(b, now, stall_ms, [&](int k) { return rail_rise(b, k); });
     }
   }
 }

@@ -58,11 +58,9 @@ int64_t RetransmitWatch::last_rise_ms(const std::string& device, int port, int64
   Seen& s = seen_[device + "/" + std::to_string(port)];
   auto v = read(device, port, s);
   if (!v) return now_ms;
-  const bool baseline = !s.known || (gap_ms_ > 0 && now_ms - s.read_ms > gap_ms_);
-  if (!baseline && *v != s.count) s.rose_ms = now_ms;
+  if (s.known && *v != s.count) s.rose_ms = now_ms;  // the first read is the baseline
   s.known = true;
   s.count = *v;
-  s.read_ms = now_ms;
   return s.rose_ms;
 }
 

@@ -20,11 +20,7 @@ std::optional<uint64_t> port_retransmits(const std::string& device, int port,
 // one-CPU emulated guest).
 class RetransmitWatch {
  public:
-  // gap_ms > 0: a read more than gap_ms after the port's previous one
-  // starts over from a baseline (a rise across the gap cannot be dated, and
-  // is not dated now: it may be older than the stall it would explain).
-  explicit RetransmitWatch(std::string root = "/sys/class/infiniband", int64_t gap_ms = 0)
-      : root_(std::move(root)), gap_ms_(gap_ms) {}
+  explicit RetransmitWatch(std::string root = "/sys/class/infiniband") : root_(std::move(root)) {}
   ~RetransmitWatch();
   RetransmitWatch(const RetransmitWatch&) = delete;
   RetransmitWatch& operator=(const RetransmitWatch&) = delete;
@@ -38,11 +34,10 @@ class RetransmitWatch {
     int fd = -1;
     bool known = false;  // count holds a read
     uint64_t count = 0;
-    int64_t rose_ms = -1, read_ms = 0;
+    int64_t rose_ms = -1;
   };
   std::optional<uint64_t> read(const std::string& device, int port, Seen& s);
   std::string root_;
-  int64_t gap_ms_;
   std::map<std::string, Seen> seen_;
 };
 

@@ -45,19 +45,6 @@ TEST(Retransmits, ARiseIsDatedByTheReadThatSawIt) {
   EXPECT_EQ(w.last_rise_ms("rxe1", 1, 2000), 2000);
 }
 
-TEST(Retransmits, ARiseAcrossAGapIsNotDated) {
-  Tree t;
-  t.set("completer_retry_err", 3);
-  RetransmitWatch w(t.root.string(), 400);
-  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 100), -1);
-  t.set("completer_retry_err", 4);
-  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 400), 400);  // 300 ms after the last read: dated
-  t.set("completer_retry_err", 5);
-  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 2000), 400);  // 1600 ms after: when, is unknown
-  t.set("completer_retry_err", 6);
-  EXPECT_EQ(w.last_rise_ms("rxe0", 1, 2250), 2250);
-}
-
 TEST(Retransmits, TheCounterFileStaysOpenAndIsReadAfresh) {
   Tree t;
   t.set("completer_retry_err", 1);
