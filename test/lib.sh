@@ -24,4 +24,18 @@ expect_eq() {  # expect_eq ACTUAL EXPECTED WHAT
 }
 
 # A free TCP port on loopback.
+# veth_pair NA NB: two network namespaces joined by a veth pair, NA at
+# 10.99.0.1/24 (va), NB at 10.99.0.2/24 (vb), removed at exit; skips where
+# namespaces cannot be made.
+veth_pair() {
+  ip netns add "$1" 2>/dev/null || skip "cannot create network namespaces here"
+  at_exit "ip netns del $1 2>/dev/null; ip netns del $2 2>/dev/null"
+  ip netns add "$2"
+  ip link add va netns "$1" type veth peer name vb netns "$2"
+  ip -n "$1" addr add 10.99.0.1/24 dev va
+  ip -n "$2" addr add 10.99.0.2/24 dev vb
+  for n in "$1" "$2"; do ip -n "$n" link set lo up; done
+  ip -n "$1" link set va up
+  ip -n "$2" link set vb up
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

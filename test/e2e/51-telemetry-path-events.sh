@@ -8,15 +8,7 @@
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
 command -v ip >/dev/null || skip "needs iproute2"
 NA=tma$$ NB=tmb$$
-ip netns add $NA 2>/dev/null || skip "cannot create network namespaces here"
-at_exit "ip netns del $NA 2>/dev/null; ip netns del $NB 2>/dev/null"
-ip netns add $NB
-ip link add va netns $NA type veth peer name vb netns $NB
-ip -n $NA addr add 10.99.0.1/24 dev va
-ip -n $NB addr add 10.99.0.2/24 dev vb
-for n in $NA $NB; do ip -n $n link set lo up; done
-ip -n $NA link set va up
-ip -n $NB link set vb up
+veth_pair $NA $NB
 
 mport=$(free_port)
 common="SHUNT_JOB_KEY=path-events-$$ SHUNT_MODE=observe SHUNT_REPORT_INTERVAL_MS=100 SHUNT_PROBE_INTERVAL_MS=20 SHUNT_PATH_DEAD_MS=200 SHUNT_METRICS_ADDR=127.0.0.1:$mport SHUNT_CLOCK_SHM=/shunt-test-$$-%h"

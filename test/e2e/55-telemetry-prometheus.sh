@@ -10,15 +10,7 @@
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
 command -v prometheus >/dev/null || skip "no prometheus (make deps)"
 NA=tpa$$ NB=tpb$$
-ip netns add $NA 2>/dev/null || skip "cannot create network namespaces here"
-at_exit "ip netns del $NA 2>/dev/null; ip netns del $NB 2>/dev/null"
-ip netns add $NB
-ip link add va netns $NA type veth peer name vb netns $NB
-ip -n $NA addr add 10.99.0.1/24 dev va
-ip -n $NB addr add 10.99.0.2/24 dev vb
-for n in $NA $NB; do ip -n $n link set lo up; done
-ip -n $NA link set va up
-ip -n $NB link set vb up
+veth_pair $NA $NB
 
 common="SHUNT_JOB_KEY=prom-$$ SHUNT_MODE=observe SHUNT_REPORT_INTERVAL_MS=200 SHUNT_PROBE_INTERVAL_MS=20 SHUNT_CLOCK_SHM=/shunt-test-$$-%h"
 mkdir -p "$TMP/ra" "$TMP/rb"
