@@ -11,7 +11,7 @@ TMP=$(mktemp -d)
 
 skip() { echo "$*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
-note() { echo "--- $*"; }
+note() { echo "--- [${SECONDS}s] $*"; }
 jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 fab() { "$FABRIC" --name "$NAME" "$@"; }
 
