@@ -117,9 +117,10 @@ int poll_body(ContextRecord* c, ibv_cq* cq, int n, ibv_wc* wc, bool owed_first) 
       got = bundle_filter(c, wc + owed, got);
     // The bundles' paths on other NICs: their CQs are polled at every call
     // while completions are expected there, else at every 16th (an empty
-    // poll of a second CQ at every call cost soft-RoCE jobs ~7%).
+    // poll of a second CQ at every call cost soft-RoCE jobs ~7%). A drain
+    // (owed_first false) polls them every time: it must leave them empty.
     if (__builtin_expect(g_mirror_cqs.load(std::memory_order_relaxed) > 0, 0) && owed + got < n &&
-        (g_rail_expect.load(std::memory_order_relaxed) > 0 || (++tl_mirror_skip & 15) == 0))
+        (!owed_first || g_rail_expect.load(std::memory_order_relaxed) > 0 || (++tl_mirror_skip & 15) == 0))
       got += poll_mirrors(cq, n - owed - got, wc + owed + got);
   }
   got += owed;
