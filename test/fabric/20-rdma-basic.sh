@@ -74,11 +74,18 @@ echo "1 QP: s1 $s1 B, s2 $s2 B"
   fail "one QP split over both spines ($s1, $s2)"
 
 note "8 QPs (8 UDP source ports) use both spines"
-# rxe 6.1 fails ib_write_bw -q 16 (remote invalid request), so 8 QPs; the
-# spine hash is seeded at random, so 8 flows land on one spine 1 time in
+# 8 QPs of 4 writes of 8 KiB in flight each: at perftest's default depth
+# (128 writes of 64 KiB per QP) the receiving guest's rxe, on an emulated
+# CPU beside other load, let about one datagram in six that UDP handed it go
+# uncounted; go-back-N resent tens of thousands and rxe 6.1 ended the run
+# with a remote invalid request completion (status 9), in a CI run and in 4
+# of 5 loaded runs here (docs/fabric.md). At this depth no packet was lost.
+# The spine hash is seeded at random, so 8 flows land on one spine 1 time in
 # 128: one more run with fresh QPNs makes a false failure 1 in 16384.
 for try in 1 2; do
-  snap a; write_bw 0 "$TMP/many" -q 8 -n 100 || { cat "$TMP/many"; fail "ib_write_bw -q 8"; }; snap b
+  snap a; write_bw 0 "$TMP/many" -q 8 -n 100 -s 8192 -t 4 ||
+    { cat "$TMP/many" "$TMP/srv"; fail "ib_write_bw -q 8"; }
+  snap b
   s1=$(delta a b l1r0-s1 up_bytes); s2=$(delta a b l1r0-s2 up_bytes)
   echo "8 QPs: s1 $s1 B, s2 $s2 B"
   [ $((s1 * 20)) -ge $((s1 + s2)) ] && [ $((s2 * 20)) -ge $((s1 + s2)) ] && break
