@@ -59,7 +59,14 @@ DEAD_AT=$(date +%s%N)
 ip -n "$(cs_ns rt)" link set h4r1 down
 for p in "${PROBE_PIDS[@]}"; do wait "$p" || { echo "shunt-probe exited with $?"; exit 1; }; done
 
-python3 test/e2e/clocksync_check.py --settle 5 --dead-at "$DEAD_AT" --dead-peer h4 --dead-rail 1 \
+# The pairs with host 4 ride one rail after 12 s, through a 200 Mbit/s
+# bottleneck that host 2's on/off cross traffic overfills: after host 2's
+# step at 21 s a CI run's h4 had no clean sample to confirm it for over 2 s,
+# so its estimate of h2 stayed withdrawn through the last second (the final
+# window was 1 s). The newest valid estimate of the last 3 s stands for the
+# end (a withdrawn one still counts in the series, and every claim is held
+# to its bound).
+python3 test/e2e/clocksync_check.py --settle 5 --final-window 3 --dead-at "$DEAD_AT" --dead-peer h4 --dead-rail 1 \
   --dead-within-ms $((RAIL_EVERY * DEAD + INTERVAL)) "$OUT"/h*.json
 rc=$?
 [ $rc = 0 ] && rm -rf "$OUT" || echo "results kept in $OUT"
