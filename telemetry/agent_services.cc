@@ -34,7 +34,12 @@ namespace shunt::telemetry {
 namespace {
 using nlohmann::json;
 
-std::function<clocksync::ProbeEngine*()> g_engine_fn;
+// Never destroyed: the metrics thread may call it while exit() runs the
+// static destructors.
+std::function<clocksync::ProbeEngine*()>& engine_fn() {
+  static auto* f = new std::function<clocksync::ProbeEngine*()>;
+  return *f;
+}
 std::atomic<bool> g_stop{false};
 int64_t g_started_ns = 0;
 
@@ -42,7 +47,7 @@ int64_t g_started_ns = 0;
 json telemetry_command(const json&) {
   HostView v;
   v.members = agent::members();
-  v.peers = peers_view(g_engine_fn ? g_engine_fn() : nullptr);
+  v.peers = peers_view(engine_fn() ? engine_fn()() : nullptr);
   v.agent_pid = getpid();
   v.uptime_s = static_cast<double>(mono_ns() - g_started_ns) * 1e-9;
   json out = host_view_json(v);
@@ -201,7 +206,7 @@ void on_path(const clocksync::ProbeEngine* e, const clocksync::PathEvent& ev) {
 void start() {
   g_started_ns = mono_ns();
   start_event_log();
-  if (auto* e = g_engine_fn ? g_engine_fn() : nullptr)
+  if (auto* e = engine_fn() ? engine_fn()() : nullptr)
     e->on_path_change([e](const clocksync::PathEvent& ev) { on_path(e, ev); });
   const Config& c = config();
   std::string addr = c.str(Param::metrics_addr);
@@ -234,7 +239,7 @@ bool parse_listen_addr(const std::string& text, std::string* host, int* port) {
 }
 
 void register_agent_services(std::function<clocksync::ProbeEngine*()> engine) {
-  g_engine_fn = std::move(engine);
+  engine_fn() = std::move(engine);
   agent::register_service({"telemetry", start, [] { g_stop.store(true); }});
   agent::register_command("telemetry", telemetry_command);
 }

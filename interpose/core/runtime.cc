@@ -108,13 +108,15 @@ void ensure_init() {
 
 bool initialized() { return g_init_state.load(std::memory_order_acquire) == 2; }
 
+// (The fallbacks below are never destroyed, like all of shunt's state: its
+// threads may read them while exit() runs the static destructors.)
 const std::string& off_reason() {
-  static const std::string none;
+  static const std::string& none = *new std::string;
   return initialized() && g_off_reason ? *g_off_reason : none;
 }
 
 const Config& config() {
-  static const Config defaults;
+  static const Config& defaults = *new Config;
   return g_config ? *g_config : defaults;
 }
 

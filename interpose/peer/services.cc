@@ -74,7 +74,13 @@ json peers_json() {
 // QP's UDP source port to the bundle's peer, asks again with the new list
 // when shadows were renewed on new ports, and drops them when the QP goes.
 // Keyed by the bundle ("GID-QPN" of the application's QP).
-std::map<std::string, std::vector<int>> g_bundle_paths;  // agent thread only
+// (Built on first use and never destroyed, like bundle_spares() below: the
+// agent's thread may still serve a request while the application's exit()
+// runs the static destructors.)
+std::map<std::string, std::vector<int>>& bundle_paths() {  // agent thread only
+  static auto* m = new std::map<std::string, std::vector<int>>;
+  return *m;
+}
 // Bundles of a host towards one peer share source ports (path discovery
 // serves them the same ports), and a port can be bound once: such bundles
 // share the source path, which goes when the last of them lets it go.
@@ -84,7 +90,10 @@ struct SharedPath {
   uint16_t port = 0;
   int refs = 0;
 };
-std::map<int, SharedPath> g_shared;  // by source path id; agent thread only
+std::map<int, SharedPath>& shared_paths() {  // by source path id; agent thread only
+  static auto* m = new std::map<int, SharedPath>;
+  return *m;
+}
 // The ids each bundle calls spare ("spares": ports that carry nothing now);
 // a path shared by bundles is probed as a spare only while every one of
 // them calls it that.
@@ -96,27 +105,27 @@ std::map<std::string, std::set<int>>& bundle_spares() {  // agent thread only; b
 void apply_spares(const std::vector<int>& ids) {
   for (int id : ids) {
     bool spare = true;
-    for (const auto& [key, held] : g_bundle_paths)
+    for (const auto& [key, held] : bundle_paths())
       if (std::find(held.begin(), held.end(), id) != held.end()) spare &= bundle_spares()[key].count(id) > 0;
     g_engine->set_source_path_spare(id, spare);
   }
 }
 
 int take_source_path(const std::string& peer, int rail, uint16_t port, std::string* err) {
-  for (auto& [id, sp] : g_shared)
+  for (auto& [id, sp] : shared_paths())
     if (sp.peer == peer && sp.rail == rail && sp.port == port) {
       sp.refs++;
       return id;
     }
   int id = g_engine->add_source_path(peer, rail, port, err);
-  if (id > 0) g_shared[id] = {peer, rail, port, 1};
+  if (id > 0) shared_paths()[id] = {peer, rail, port, 1};
   return id;
 }
 
 void let_go(int id) {
-  auto it = g_shared.find(id);
-  if (it != g_shared.end() && --it->second.refs > 0) return;
-  if (it != g_shared.end()) g_shared.erase(it);
+  auto it = shared_paths().find(id);
+  if (it != shared_paths().end() && --it->second.refs > 0) return;
+  if (it != shared_paths().end()) shared_paths().erase(it);
   g_engine->remove_source_path(id);
 }
 
@@ -134,7 +143,7 @@ json add_bundle_paths(const json& req) {
   // go, the new ones come.
   std::vector<int> kept;
   std::vector<uint16_t> have;
-  if (auto it = g_bundle_paths.find(key); it != g_bundle_paths.end()) {
+  if (auto it = bundle_paths().find(key); it != bundle_paths().end()) {
     std::vector<uint16_t> want;
     for (const auto& sp : req.value("sports", json::array())) want.push_back(sp.get<uint16_t>());
     for (int id : it->second) {
@@ -170,7 +179,7 @@ json add_bundle_paths(const json& req) {
     if (id > 0) ids.push_back(id);
     else errors.push_back(err);
   }
-  g_bundle_paths[key] = ids;
+  bundle_paths()[key] = ids;
   std::set<uint16_t> spare_ports;
   for (const auto& sp : req.value("spares", json::array())) spare_ports.insert(sp.get<uint16_t>());
   std::set<int>& spares = bundle_spares()[key];
@@ -182,10 +191,10 @@ json add_bundle_paths(const json& req) {
 }
 
 json drop_bundle_paths(const json& req) {
-  auto it = g_bundle_paths.find(req.value("key", ""));
-  if (it == g_bundle_paths.end()) return {{"ok", false}};
+  auto it = bundle_paths().find(req.value("key", ""));
+  if (it == bundle_paths().end()) return {{"ok", false}};
   std::vector<int> ids = it->second;
-  g_bundle_paths.erase(it);
+  bundle_paths().erase(it);
   bundle_spares().erase(req.value("key", ""));
   if (g_engine) {
     for (int id : ids) let_go(id);
@@ -197,8 +206,8 @@ json drop_bundle_paths(const json& req) {
 // What the probes say of a bundle's source paths now: liveness and the
 // forward queue of each (by source port), for the bundle's steering.
 json bundle_paths_stats(const json& req) {
-  auto it = g_bundle_paths.find(req.value("key", ""));
-  if (!g_engine || it == g_bundle_paths.end()) return {{"error", "no such bundle's paths"}};
+  auto it = bundle_paths().find(req.value("key", ""));
+  if (!g_engine || it == bundle_paths().end()) return {{"error", "no such bundle's paths"}};
   json out = json::array();
   for (int id : it->second) {
     auto sp = g_engine->source_path(id);

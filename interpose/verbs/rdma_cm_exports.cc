@@ -35,8 +35,16 @@ constexpr const char* kLib = "librdmacm.so.1";
 #define SHUNT_REAL(fn, ver) SHUNT_REAL_IN(kLib, fn, ver)
 
 std::mutex g_mu;
-std::map<rdma_event_channel*, std::deque<rdma_cm_event*>> g_ready;  // given by shunt, not yet returned
-std::set<rdma_cm_event*> g_given;                                   // given by shunt, not yet acked
+// Built on first use and never destroyed: shunt's threads may give an event
+// while the application's exit() runs the static destructors.
+std::map<rdma_event_channel*, std::deque<rdma_cm_event*>>& ready_events() {  // given by shunt, not yet returned
+  static auto* m = new std::map<rdma_event_channel*, std::deque<rdma_cm_event*>>;
+  return *m;
+}
+std::set<rdma_cm_event*>& given_events() {  // given by shunt, not yet acked
+  static auto* s = new std::set<rdma_cm_event*>;
+  return *s;
+}
 }  // namespace
 
 extern "C" {
@@ -61,8 +69,8 @@ __attribute__((visibility("default"))) int rdma_disconnect(rdma_cm_id* id) {
   ev->event = RDMA_CM_EVENT_DISCONNECTED;
   {
     std::lock_guard l(g_mu);
-    g_ready[id->channel].push_back(ev);
-    g_given.insert(ev);
+    ready_events()[id->channel].push_back(ev);
+    given_events().insert(ev);
   }
   log::info("rdma_cm: QP {} disconnected while its NIC's route is dead: DISCONNECTED given at once (the CM's "
             "request to the peer cannot get through)",
@@ -74,11 +82,11 @@ __attribute__((visibility("default"))) int rdma_disconnect(rdma_cm_id* id) {
 __attribute__((visibility("default"))) int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   {
     std::lock_guard l(g_mu);
-    auto it = g_ready.find(channel);
-    if (it != g_ready.end() && !it->second.empty() && event) {
+    auto it = ready_events().find(channel);
+    if (it != ready_events().end() && !it->second.empty() && event) {
       *event = it->second.front();
       it->second.pop_front();
-      if (it->second.empty()) g_ready.erase(it);
+      if (it->second.empty()) ready_events().erase(it);
       return 0;
     }
   }
@@ -88,7 +96,7 @@ __attribute__((visibility("default"))) int rdma_get_cm_event(rdma_event_channel*
 __attribute__((visibility("default"))) int rdma_ack_cm_event(rdma_cm_event* event) {
   {
     std::lock_guard l(g_mu);
-    if (g_given.erase(event)) {
+    if (given_events().erase(event)) {
       delete event;
       return 0;
     }
