@@ -1,6 +1,7 @@
 #include "interpose/peer/agent.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/file.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <map>
@@ -206,6 +208,7 @@ json member_status(const std::string& pid, const json& m) {
           {"qps", qps},
           {"sockets", sockets && sockets->is_array() ? sockets->size() : 0},
           {"exited", fin && fin->is_boolean() && fin->get<bool>()},
+          {"lost", m.is_object() && m.value("lost", false) == true},
           {"report_age_ms", mono_ms() - (at && at->is_number_integer() ? at->get<int64_t>() : 0)}};
 }
 
@@ -262,6 +265,13 @@ void serve(State& s, int timeout_ms) {
 }
 
 void report(State& s, bool final) {
+  // Numbered before the exit check, and the last report after exiting is
+  // set: a periodic report that passes the check is numbered below the
+  // last one, and the agent drops it if it comes second. Numbered after
+  // the check, one could take a number above the last report's and
+  // overtake it: the process then showed as running for good (e2e 54 in a
+  // CI run).
+  const uint64_t seq = ++s.report_seq;
   if (!final && s.exiting.load()) return;
   if (s.is_agent.load()) {
     // The listeners follow the agent's own sockets every interval (their
@@ -278,9 +288,31 @@ void report(State& s, bool final) {
   // as running, its last bytes lost), none in ten at 1 s. An agent that is
   // gone costs nothing (the connect fails at once).
   peer::request(s.sock_path,
-                {{"cmd", "report"}, {"pid", getpid()}, {"final", final}, {"seq", ++s.report_seq},
+                {{"cmd", "report"}, {"pid", getpid()}, {"final", final}, {"seq", seq},
                  {"born", s.born_ns}, {"snapshot", snap}},
                 1000, &err);
+}
+
+// A member that stopped reporting and whose process is gone (killed, or its
+// last report lost on a busy host) is counted as exited, with the counters
+// of its last report: it never sends another, and it showed as running for
+// good. A member still reporting is never swept (its pid may be of another
+// pid namespace, where kill() cannot see it).
+void sweep_gone(State& s) {
+  const int64_t now = mono_ms();
+  const int64_t stale = std::max<int64_t>(2000, 3 * config().num(Param::report_interval_ms));
+  const std::string own = std::to_string(getpid());
+  for (auto& [pid, m] : s.members.items()) {
+    if (pid == own || !m.is_object()) continue;
+    auto fin = m.find("final"), at = m.find("reported_ms");
+    if (fin != m.end() && fin->is_boolean() && fin->get<bool>()) continue;
+    if (at == m.end() || !at->is_number_integer() || now - at->get<int64_t>() < stale) continue;
+    const long p = std::strtol(pid.c_str(), nullptr, 10);
+    if (p <= 0 || p > INT_MAX || kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH) continue;
+    m["final"] = true;
+    m["lost"] = true;  // no last report came
+    notify(s, pid, m);
+  }
 }
 
 void run() {
@@ -300,6 +332,7 @@ void run() {
       if (now >= next_report) {
         next_report = now + interval;
         report(s, false);
+        if (s.is_agent.load()) sweep_gone(s);
       }
       // Until the next report, and the next try for the lock while another
       // process holds it (an agent's next_try stays in the past: counting it

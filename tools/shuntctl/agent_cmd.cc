@@ -19,10 +19,13 @@ void print_status(std::ostream& out, const json& a) {
       << a["uptime_ms"].get<long>() / 1000 << " s, run dir " << a["run_dir"].get<std::string>() << "\n";
   out << std::left << std::setw(10) << "pid" << std::setw(10) << "mode" << std::setw(8) << "qps" << std::setw(10)
       << "sockets" << std::setw(10) << "state" << "last report\n";
-  for (auto& m : a["members"])
+  for (auto& m : a["members"]) {
+    // gone: exited without a last report (killed, or the report was lost)
+    const char* state = !m["exited"].get<bool>() ? "running" : m.value("lost", false) ? "gone" : "exited";
     out << std::setw(10) << m["pid"].get<long>() << std::setw(10) << m["mode"].get<std::string>() << std::setw(8)
-        << m["qps"].get<long>() << std::setw(10) << m["sockets"].get<long>() << std::setw(10)
-        << (m["exited"].get<bool>() ? "exited" : "running") << m["report_age_ms"].get<long>() << " ms ago\n";
+        << m["qps"].get<long>() << std::setw(10) << m["sockets"].get<long>() << std::setw(10) << state
+        << m["report_age_ms"].get<long>() << " ms ago\n";
+  }
 }
 
 void print_peers(std::ostream& out, const json& a) {
