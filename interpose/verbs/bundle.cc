@@ -2402,8 +2402,15 @@ void give_up(Bundle* b, const std::string& why) {
 
 // give_up on a thread of its own (callers hold locks it takes).
 void start_give_up(Bundle* b, std::string why) {
-  std::thread([b, why = std::move(why)] { contained("bundle give-up", [&] { give_up(b, why); }, [](const std::string&) {}); })
-      .detach();
+  std::thread([b, why = std::move(why)] {
+    contained(
+        "bundle give-up",
+        [&] {
+          std::lock_guard m(b->move_mu);  // see watch_commit
+          if (alive(b)) give_up(b, why);
+        },
+        [](const std::string&) {});
+  }).detach();
 }
 
 // Asks the peer's shim until total_ms, on all of its addresses (its other
@@ -3691,7 +3698,10 @@ void watch_commit(Bundle* b, uint64_t moves) {
     std::lock_guard l(b->lk);
     if (b->moves != moves || b->gave_up) return;
   }
-  give_up(b, "the peer never committed the new path");
+  // Under move_mu, as the QP's destruction: give_up must not reach the
+  // application's QP and CQs once they are destroyed.
+  std::lock_guard m(b->move_mu);
+  if (alive(b)) give_up(b, "the peer never committed the new path");
 }
 
 json answer_carrier_prepare(const json& req) {
