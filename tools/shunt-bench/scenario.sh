@@ -43,7 +43,9 @@
 #                 the unchanged programs, after the client's QP is up
 #   --fault-for S seconds until the fault is healed (default 10; 0: never,
 #                 the fault is for good)
-#   --stall S     the benchmark's --stall-timeout (default 15)
+#   --stall S     the benchmark's --stall-timeout (default 15); an unchanged
+#                 program run without libshunt that gets no byte for S s
+#                 after a fault for good is ended and called hung (exit 124)
 #   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
 #                 (default 6 and 14: rxe treats 7 retries as "forever")
 #   --out DIR     keep JSON, timelines, marks and the plot here (default ./scenario-NAME)
@@ -274,6 +276,45 @@ fault_clock() {  # MODE OFFSET
   fi
 }
 
+# kill_job PID: a background job of this script, and the exec client it
+# runs: a function's job is a subshell, the client its child, and only the
+# client's end ends the program in the guest (ended alone, the subshell
+# left a program running there into the next run)
+kill_job() {
+  local c
+  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill "$c" 2>/dev/null; done
+  kill "$1" 2>/dev/null
+}
+
+# h1_bytes_in: bytes the fabric delivered to h1, all rails
+h1_bytes_in() {
+  fab counters --json | python3 -c 'import json, sys
+print(sum(v["down_bytes"] for k, v in json.load(sys.stdin)["links"].items() if v and k.startswith("h1-")))'
+}
+
+# hung_watch CLIENT_PID MODE: once the fault is in, a client to which no
+# byte has come for --stall seconds is ended and the run called hung (exit
+# 124, as its time limit would have), like the benchmark's own stall
+# timeout; it would otherwise wait out that limit (fi_pingpong over a dead
+# link: --duration, --stall and 30 s)
+hung_watch() {
+  local cli=$1 mode=$2 last= now quiet=0
+  until grep -q ":$name\$" "$out/$mode.marks" 2>/dev/null; do
+    kill -0 "$cli" 2>/dev/null || return 0
+    sleep 0.5
+  done
+  while kill -0 "$cli" 2>/dev/null; do
+    now=$(h1_bytes_in) || now=
+    if [ -n "$now" ] && [ "$now" = "$last" ]; then quiet=$((quiet + 1)); else quiet=0; last=$now; fi
+    if [ $quiet -ge "$stall" ]; then
+      echo "no byte reached h1 for $stall s after the fault: the run is called hung" | tee "$out/$mode.hung"
+      kill_job "$cli"
+      return 0
+    fi
+    sleep 1
+  done
+}
+
 # run_tool MODE: an unchanged verbs program, server on h2, client on h1
 run_tool() {
   local mode=$1 env=(env) off srv cli
@@ -305,15 +346,25 @@ run_tool() {
   # --fault-at, and a fault then would test connecting, not failing over
   ( connected "${args[0]}" && fault_clock "$mode" "$off" ) >"$out/$mode.inject.log" 2>&1 &
   injector=$!
+  # without libshunt, a fault for good may leave the program waiting on a
+  # dead connection: called hung after --stall seconds without a byte
+  local watch=
+  rm -f "$out/$mode.hung"
+  if [ "$mode" = without ] && [ "$fault_for" = 0 ]; then
+    hung_watch "$cli" "$mode" &
+    watch=$!
+  fi
   local rc=0
   wait "$cli" || rc=$?
+  [ -e "$out/$mode.hung" ] && rc=124
+  [ -n "$watch" ] && { kill "$watch" 2>/dev/null; wait "$watch" 2>/dev/null; }
   python3 -c "import time; print(round(time.time() - $t0, 1))" >"$out/$mode.ran"
   # a client that failed decided the run; its server, whose peer vanished
   # over a dead link, would wait out its time limit: 5 s, then it is ended
   # (the exec's end ends the program in the guest)
   if [ $rc != 0 ]; then
     for _ in $(seq 25); do kill -0 "$srv" 2>/dev/null || break; sleep 0.2; done
-    kill "$srv" 2>/dev/null
+    kill_job "$srv"
   fi
   wait "$srv" || { [ $rc = 0 ] && rc=$?; }
   wait "$injector" 2>/dev/null; injector=
