@@ -35,8 +35,8 @@ constexpr const char* kLib = "librdmacm.so.1";
 #define SHUNT_REAL(fn, ver) SHUNT_REAL_IN(kLib, fn, ver)
 
 std::mutex g_mu;
-// Built on first use and never destroyed: shunt's threads may give an event
-// while the application's exit() runs the static destructors.
+// Built on first use and never destroyed: another thread of the application
+// may still give or take an event while exit() runs the static destructors.
 std::map<rdma_event_channel*, std::deque<rdma_cm_event*>>& ready_events() {  // given by shunt, not yet returned
   static auto* m = new std::map<rdma_event_channel*, std::deque<rdma_cm_event*>>;
   return *m;
