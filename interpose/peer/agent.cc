@@ -185,6 +185,7 @@ json take_report(State& s, const json& req, uid_t peer_uid) {
   }
   snap["reported_ms"] = mono_ms();
   snap["final"] = req.value("final", false);
+  snap.erase("lost");  // the agent's to say (sweep_gone), never a sender's
   snap["seq"] = seq;
   snap["born"] = born;
   stored(s, pid, std::move(snap));
@@ -199,7 +200,7 @@ json member_status(const std::string& pid, const json& m) {
     return it == m.end() ? nullptr : &*it;
   };
   const json *mode = get("mode"), *verbs = get("verbs"), *sockets = get("sockets"), *fin = get("final"),
-             *at = get("reported_ms");
+             *at = get("reported_ms"), *lost = get("lost");
   size_t qps = 0;
   if (verbs && verbs->is_object())
     if (auto q = verbs->find("qps"); q != verbs->end() && q->is_array()) qps = q->size();
@@ -208,7 +209,7 @@ json member_status(const std::string& pid, const json& m) {
           {"qps", qps},
           {"sockets", sockets && sockets->is_array() ? sockets->size() : 0},
           {"exited", fin && fin->is_boolean() && fin->get<bool>()},
-          {"lost", m.is_object() && m.value("lost", false) == true},
+          {"lost", lost && lost->is_boolean() && lost->get<bool>()},
           {"report_age_ms", mono_ms() - (at && at->is_number_integer() ? at->get<int64_t>() : 0)}};
 }
 
