@@ -3701,6 +3701,10 @@ void watch_commit(Bundle* b, uint64_t moves) {
   // Under move_mu, as the QP's destruction: give_up must not reach the
   // application's QP and CQs once they are destroyed.
   std::lock_guard m(b->move_mu);
+  {
+    std::lock_guard l(b->lk);  // a commit may have come while move_mu was held
+    if (b->moves != moves || b->gave_up) return;
+  }
   if (alive(b)) give_up(b, "the peer never committed the new path");
 }
 
