@@ -14,7 +14,7 @@ command -v addr2line >/dev/null || fail "addr2line missing (binutils)"
 export SHUNT_RUN_DIR=$TMP/run SHUNT_MODE=active SHUNT_JOB_KEY=exit-destructors SHUNT_REPORT_INTERVAL_MS=200
 mkdir -p "$SHUNT_RUN_DIR"
 LD_PRELOAD="$SPY:$LIB" /bin/true 2> "$TMP/true.err" || fail "/bin/true failed under libshunt"
-LD_PRELOAD="$SPY:$LIB" timeout 20 "$B/test/hold_socket" 2000 2> "$TMP/hold.err" & p=$!
+timeout 20 env LD_PRELOAD="$SPY:$LIB" "$B/test/hold_socket" 5000 2> "$TMP/hold.err" & p=$!
 at_exit "kill $p 2>/dev/null"
 for _ in $(seq 50); do [ -S "$SHUNT_RUN_DIR/agent.sock" ] && break; sleep 0.1; done
 [ -S "$SHUNT_RUN_DIR/agent.sock" ] || fail "the process never became the agent"
@@ -30,6 +30,7 @@ while read -r tag fn obj; do
   [[ $name == *run_exit_hooks* ]] || bad+=("$(echo ${what:-$name})")
 done < <(cat "$TMP/true.err" "$TMP/hold.err")
 [ $n -ge 2 ] || fail "the spy saw $n registrations (expected the exit hooks' runner in each of 2 processes)"
+grep -q '^atexit ' "$TMP/hold.err" || fail "the spy saw nothing registered in the agent's process"
 [ ${#bad[@]} = 0 ] ||
   fail "destroyed at exit, under shunt's threads: $(printf '%s\n' "${bad[@]}" | sort -u | paste -sd';' | sed 's/;/; /g')"
 ok "$n registrations, each the exit hooks' runner"

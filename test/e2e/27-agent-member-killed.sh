@@ -9,7 +9,11 @@ export SHUNT_RUN_DIR=$TMP/run SHUNT_MODE=observe SHUNT_REPORT_INTERVAL_MS=200
 mkdir -p "$SHUNT_RUN_DIR"
 ctl() { "$B/bin/shuntctl" "$@"; }
 LD_PRELOAD=$LIB "$B/test/hold_socket" 60000 & a=$!
-sleep 0.5
+at_exit "kill $a 2>/dev/null"
+for _ in $(seq 50); do
+  [ "$(ctl status --json 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["agent_pid"])' 2>/dev/null)" = "$a" ] && break
+  sleep 0.1
+done
 LD_PRELOAD=$LIB "$B/test/hold_socket" 60000 & k=$!
 LD_PRELOAD=$LIB "$B/test/hold_socket" 60000 & l=$!
 at_exit "kill $a $k $l 2>/dev/null"
