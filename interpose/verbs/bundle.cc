@@ -3693,19 +3693,19 @@ json answer_path_down(const json& req) {
 // Waits for the deciding side's commit; gives up when it never comes.
 void watch_commit(Bundle* b, uint64_t moves) {
   ReentryGuard guard;
+  auto settled = [&] {
+    std::lock_guard l(b->lk);
+    return b->moves != moves || b->gave_up;
+  };
   for (int i = 0; i < 300; i++) {
     usleep(100 * 1000);
-    std::lock_guard l(b->lk);
-    if (b->moves != moves || b->gave_up) return;
+    if (settled()) return;
   }
   // Under move_mu, as the QP's destruction: give_up must not reach the
-  // application's QP and CQs once they are destroyed.
+  // application's QP and CQs once they are destroyed. A commit may have
+  // come while move_mu was held: asked again under it.
   std::lock_guard m(b->move_mu);
-  {
-    std::lock_guard l(b->lk);  // a commit may have come while move_mu was held
-    if (b->moves != moves || b->gave_up) return;
-  }
-  if (alive(b)) give_up(b, "the peer never committed the new path");
+  if (!settled() && alive(b)) give_up(b, "the peer never committed the new path");
 }
 
 json answer_carrier_prepare(const json& req) {
