@@ -3,6 +3,7 @@
 
 #include "clocksync/engine.h"
 #include "interpose/core/config.h"
+#include "interpose/core/roce_rails.h"
 
 namespace shunt::clocksync {
 
@@ -11,13 +12,7 @@ bool engine_config_from(const Config& c, EngineConfig* out, std::vector<PeerSpec
   EngineConfig e;
   int pid = int(getpid());
   e.name = expand_pattern(c.str(Param::probe_name), pid);
-  std::string_view addrs = c.str(Param::probe_addrs);
-  while (!addrs.empty()) {
-    auto comma = addrs.find(',');
-    std::string a(addrs.substr(0, comma));
-    if (!a.empty()) e.local_addrs.push_back(a);
-    addrs = comma == std::string_view::npos ? std::string_view{} : addrs.substr(comma + 1);
-  }
+  e.local_addrs = probe_rails(c).addrs;
   e.port = uint16_t(c.num(Param::probe_port));
   e.interval_ns = c.num(Param::probe_interval_ms) * 1'000'000;
   e.dead_ns = c.num(Param::path_dead_ms) * 1'000'000;

@@ -12,6 +12,7 @@
 #include "clocksync/engine.h"
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
+#include "interpose/core/roce_rails.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/socket/rail_steering.h"
@@ -130,13 +131,13 @@ void let_go(int id) {
 }
 
 json add_bundle_paths(const json& req) {
-  if (!g_engine) return {{"error", "no probe engine (SHUNT_PROBE_ADDRS)"}};
+  if (!g_engine) return {{"error", "no probe engine (no rails: SHUNT_PROBE_ADDRS, or no RoCE port; or no SHUNT_JOB_KEY)"}};
   const std::string peer = req.value("peer", ""), local = req.value("local", ""), key = req.value("key", "");
   const auto& locals = g_engine->config().local_addrs;
   int rail = -1;
   for (size_t i = 0; i < locals.size(); i++)
     if (locals[i] == local) rail = static_cast<int>(i);
-  if (rail < 0) return {{"error", local + " is not a probe address (SHUNT_PROBE_ADDRS)"}};
+  if (rail < 0) return {{"error", local + " is not one of the probe engine's rails"}};
   if (key.empty()) return {{"error", "no bundle key"}};
   // A bundle already known: its paths were renewed (new source ports).
   // Those still listed keep their probes and what they learned; the others
@@ -278,7 +279,7 @@ json route_hops(const json& req) {
 // them; with neither, the schedule in force. The answer: the schedule
 // ("pause": null when none) in the host's wall-clock ms.
 json probing_command(const json& req) {
-  if (!g_engine) return {{"error", "no probe engine (SHUNT_PROBE_ADDRS)"}};
+  if (!g_engine) return {{"error", "no probe engine (no rails: SHUNT_PROBE_ADDRS, or no RoCE port; or no SHUNT_JOB_KEY)"}};
   const int64_t real = clocksync::TimeSource::kernel_now(), local = g_engine->time().now();
   const int64_t now_ms = real / 1'000'000, margin_ms = clocksync::ProbeEngine::kPauseMargin / 1'000'000;
   auto integer = [&](const char* name, int64_t dflt, int64_t lo, int64_t hi, int64_t* out) -> std::string {
@@ -327,29 +328,49 @@ Handler guarded(json (*fn)(const json&)) {
   };
 }
 
+// Whether the host probes, and why not: `peers` shows it.
+struct ProbingState {
+  std::vector<std::string> rails;
+  std::string rails_from, why_not;
+};
+ProbingState g_probing;  // agent thread only
+
 void start_probe_engine() {
   const Config& c = config();
-  if (c.str(Param::probe_addrs).empty()) return;  // no rails named: nothing to probe
+  const ProbeRails rails = probe_rails(c);
+  const ProbePlan plan = probe_plan(rails, !c.str(Param::job_key).empty());
+  g_probing = {rails.addrs, rails_from_text(rails.from), plan.message};
+  if (!plan.message.empty()) log::at(plan.level, "probe engine: {}", plan.message);
+  if (!plan.start) return;
   clocksync::EngineConfig ec;
   std::vector<clocksync::PeerSpec> peers;
   std::string err;
   if (!clocksync::engine_config_from(c, &ec, &peers, &err)) {
     log::error("probe engine: {}", err);
+    g_probing.why_not = err;
     return;
   }
+  ec.local_addrs = rails.addrs;
   auto* e = new clocksync::ProbeEngine(ec);
   for (auto& p : peers) e->add_peer(p);
   if (!e->start(&err)) {
-    // Without a key the engine refuses to run: a setting to make, not a fault.
-    if (c.str(Param::job_key).empty())
-      log::warn("probe engine: {}", err);
-    else
-      log::error("probe engine: {}", err);
+    log::error("probe engine: {}", err);
+    g_probing.why_not = err;
     delete e;
     return;
   }
   g_engine = e;
-  log::info("probe engine: {} rails, {} peers", ec.local_addrs.size(), peers.size());
+  std::string list;
+  for (const auto& a : ec.local_addrs) list += (list.empty() ? "" : ",") + a;
+  log::info("probe engine: {} rails ({}: {}), {} peers", ec.local_addrs.size(), g_probing.rails_from, list,
+            peers.size());
+}
+
+json probing_json() {
+  return {{"running", g_engine != nullptr},
+          {"rails", g_probing.rails},
+          {"rails_from", g_probing.rails_from},
+          {"why_not", g_probing.why_not}};
 }
 }  // namespace
 
@@ -359,7 +380,7 @@ void register_builtin_services() {
     register_service({"probe-engine", start_probe_engine, [] {
                         if (g_engine) g_engine->stop();
                       }});
-    register_command("peers", [](const json&) { return json{{"peers", peers_json()}}; });
+    register_command("peers", [](const json&) { return json{{"peers", peers_json()}, {"probing", probing_json()}}; });
     register_command("bundle-paths", guarded(add_bundle_paths), Access::control);
     register_command("bundle-paths-drop", drop_bundle_paths, Access::control);
     register_command("route-hops", guarded(route_hops));

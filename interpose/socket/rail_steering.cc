@@ -16,6 +16,7 @@
 
 #include "clocksync/engine.h"
 #include "interpose/core/log.h"
+#include "interpose/core/roce_rails.h"
 #include "interpose/core/runtime.h"
 #include "interpose/socket/mptcp_pm.h"
 #include "interpose/socket/mptcp_upgrade.h"
@@ -141,11 +142,14 @@ std::vector<std::string> split(const std::string& s) {
 
 std::vector<std::string> rail_addrs() {
   const Config& c = config();
-  // Rails are named, never guessed by default: a host's management
-  // interface is no rail, and its MPTCP endpoints are the administrator's.
-  if (c.str(Param::socket_rails) != "auto") {
-    if (!c.str(Param::socket_rails).empty()) return split(c.str(Param::socket_rails));
-    return split(c.str(Param::probe_addrs));
+  // Rails are named or are the RoCE ports' (probe_rails), never every
+  // interface by default: a host's management interface is no rail, and
+  // its MPTCP endpoints are the administrator's.
+  const std::string& named = c.str(Param::socket_rails);
+  if (named == "none") return {};
+  if (named != "auto") {
+    if (!named.empty()) return split(named);
+    return probe_rails(c).addrs;
   }
   std::vector<std::pair<unsigned, std::string>> found;
   ifaddrs* ifa = nullptr;
@@ -291,7 +295,7 @@ void setup(State& s) {
   std::vector<std::string> addrs = rail_addrs();
   std::string err;
   if (addrs.empty()) {
-    s.status = "no rails named (SHUNT_SOCKET_RAILS, SHUNT_PROBE_ADDRS): MPTCP endpoints left as they are";
+    s.status = "no rails (SHUNT_SOCKET_RAILS, SHUNT_PROBE_ADDRS, no active RoCE port): MPTCP endpoints left as they are";
     return;
   }
   if (!s.pm.open(&err)) {

@@ -29,8 +29,16 @@ void print_status(std::ostream& out, const json& a) {
 }
 
 void print_peers(std::ostream& out, const json& a) {
+  if (a.contains("probing") && a["probing"].is_object()) {
+    const json& p = a["probing"];
+    std::string rails;
+    for (auto& r : p.value("rails", json::array())) rails += (rails.empty() ? "" : ",") + r.get<std::string>();
+    out << "probe engine " << (p.value("running", false) ? "running" : "off") << ", rails "
+        << (rails.empty() ? "none" : rails) << " (" << p.value("rails_from", "") << ")\n";
+    if (!p.value("why_not", "").empty()) out << "  " << p.value("why_not", "") << "\n";
+  }
   if (a["peers"].empty()) {
-    out << "no probe peers (set SHUNT_PROBE_ADDRS and SHUNT_PEERS)\n";
+    out << "no probe peers yet (they come from the bundles' QPs and TCP peers, or SHUNT_PEERS)\n";
     return;
   }
   out << std::left << std::setw(16) << "peer" << std::setw(14) << "offset ns" << std::setw(12) << "bound ns"
