@@ -31,8 +31,9 @@
 # fi_pingpong" runs each fault under each of those programs (default
 # alltoall; the others are judged by exit status and what they print).
 # The runs with libshunt probe every path, the application's QPs' own
-# included (scenario --probes: a probe engine on each host's rails), as a
-# cluster running shunt would; FAILOVER_BENCH_PROBES=0 leaves detection to
+# included (the scenario's default: a probe engine on the rails each host
+# finds behind its RoCE ports), as a cluster running shunt would;
+# FAILOVER_BENCH_PROBES=0 (scenario --no-probes) leaves detection to
 # completions, port events and the stall watch.
 set -u
 cd "$(dirname "$0")/.."
@@ -62,7 +63,7 @@ for c in "${cases[@]}"; do
   fi
   [ "$client" = alltoall ] || tag=$client:$tag
   extra=()
-  [ "${FAILOVER_BENCH_PROBES:-1}" = 0 ] || extra=(--probes)
+  [ "${FAILOVER_BENCH_PROBES:-1}" = 0 ] && extra=(--no-probes)
   case $client in ib_*) extra+=(--size 64K) ;; esac
   echo "--- $tag: shunt-bench scenario $args --client $client"
   # shellcheck disable=SC2086

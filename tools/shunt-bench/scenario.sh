@@ -49,14 +49,17 @@
 #   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
 #                 (default 6 and 14: rxe treats 7 retries as "forever")
 #   --out DIR     keep JSON, timelines, marks and the plot here (default ./scenario-NAME)
-#   --probes      the run with libshunt probes every path, the application's
-#                 QPs' own included: each host's first process becomes its
-#                 agent with a probe engine on the host's rail addresses
-#                 (SHUNT_PROBE_ADDRS); a path whose probes are lost fails
+#   --no-probes   the run with libshunt probes nothing (SHUNT_PROBE_ADDRS=none),
+#                 for comparison. By default it probes every path, the
+#                 application's QPs' own included, as libshunt does with
+#                 no SHUNT_* set: each host's first process becomes its
+#                 agent with a probe engine on the rails it finds behind
+#                 the host's RoCE ports; a path whose probes are lost fails
 #                 within SHUNT_PATH_DEAD_MS, before any retransmission;
 #                 the fabric's ECMP then hashes on addresses and source
 #                 port (shunt-fabric up --ecmp-hash sport), so a probe takes
 #                 the route of the QP whose source port it leaves from
+#   --probes      the default, kept for old command lines
 #   --keep        leave the fabric up afterwards (shunt-fabric --name NAME down)
 # Environment: libshunt's SHUNT_* settings (not SHUNT_FABRIC_*) go to the
 # run with libshunt, e.g. SHUNT_STALL_MS=1000 shunt-bench scenario ...
@@ -83,7 +86,7 @@ else
   [ -f "$shim" ] || shim=$here/../lib/shunt/libshunt.so
 fi
 usage() {
-  sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,65p' "$0" | sed 's/^# \{0,1\}//'
   echo "Uses: $bench, $fabric, $shim"
 }
 case $name in link-down|port-down|flap|blackhole|spine|two-rails|cascade|nic-remove) shift ;;
@@ -97,7 +100,7 @@ while IFS= read -r v; do
   case $v in SHUNT_FABRIC_*|SHUNT_BENCH|SHUNT_BENCH_*|SHUNT_ROOT) ;; SHUNT_*) passed+=("$v=${!v}") ;; esac
 done < <(compgen -e)
 retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
-client=alltoall pings=4000 probes=0
+client=alltoall pings=4000 probes=1
 link=h1-r0 spine=busy flap_ms=1000
 [ $name = nic-remove ] && fault_for=0
 while [ $# -gt 0 ]; do
@@ -120,6 +123,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --keep) keep=1 ;;
     --probes) probes=1 ;;
+    --no-probes) probes=0 ;;
     *) echo "shunt-bench-scenario: unknown option $1" >&2; exit 64 ;;
   esac
   shift
@@ -171,8 +175,8 @@ echo "scenario $name: $what," \
 rails=2
 case $name in spine|two-rails) rails=3 ;; esac
 # Probes follow a QP's route only where ECMP ignores the destination port
-# (they go to the peer's probe port, the QP's packets to 4791): with
-# --probes the fabric's routers hash on addresses and source port, in both
+# (they go to the peer's probe port, the QP's packets to 4791): unless
+# --no-probes, the fabric's routers hash on addresses and source port, in both
 # runs alike (for RoCE, whose destination port never varies, the spread of
 # flows over the spines is the same either way).
 hashing=()
@@ -181,12 +185,11 @@ fab up --hosts "$ranks" --rails $rails --spines 2 "${hashing[@]}" >"$out/fabric.
   { cat "$out/fabric.log"; echo "shunt-bench-scenario: cannot bring up the fabric"; exit 2; }
 boot=$(fab addr h1 r$((rails - 1))):29700
 
-# probe_env MODE HOST: what the host's run adds to its environment
+# probe_env MODE HOST: what the host's run adds to its environment: the
+# defaults find the rails and probe them; --no-probes turns that off
 probe_env() {
-  [ "$1" = with ] && [ $probes = 1 ] || return 0
-  local k a=""
-  for ((k = 0; k < rails; k++)); do a+="${a:+,}$(fab addr "$2" r$k)"; done
-  echo "SHUNT_PROBE_ADDRS=$a"
+  [ "$1" = with ] && [ $probes = 0 ] && echo "SHUNT_PROBE_ADDRS=none"
+  return 0
 }
 
 # the spine a run's fault is on: --spine, or the busy one picked for the run
@@ -319,7 +322,7 @@ hung_watch() {
 run_tool() {
   local mode=$1 env=(env) off srv cli
   [ "$mode" = with ] && env=(env "${passed[@]}" "LD_PRELOAD=$shim" "SHUNT_MODE=active" "SHUNT_JOB_KEY=scenario-$fab_name-$RANDOM"
-    "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl" "SHUNT_SOCKET_RAILS=auto")
+    "SHUNT_STATS_FILE=/tmp/shunt-stats.json" "SHUNT_EVENT_LOG=/tmp/shunt-events.jsonl")
   off=$(clock_offset)
   : >"$out/$mode.marks"
   local dst args port
@@ -562,7 +565,7 @@ def shunt_did(j):
     """From the with-run's stats files and event logs (every rank): bytes
     replayed, when the first path went down after the fault, and when the
     last failed path was back after healing (guest epoch seconds)."""
-    d = {"replayed": None, "detect": None, "failback": None}
+    d = {"replayed": None, "detect": None, "failback": None, "found_by": None}
     rb = 0
     seen = False
     for f in sorted(os.listdir(out)):
@@ -590,6 +593,12 @@ def shunt_did(j):
     else:
         return d
     fault, healed = marks.get(name), marks.get("healed")
+    # paths of every host found down by their lost probes (no clock needed)
+    d["by_probes"] = 0
+    for f in sorted(os.listdir(out)):
+        if f.startswith("with.events"):
+            for line in open(os.path.join(out, f), errors="replace"):
+                d["by_probes"] += '"event":"path_down"' in line and '"status":"probes_lost"' in line
     # h1's events only: the marks are on h1's clock, and guests' clocks
     # differ by up to a second (each set from its RTC at boot)
     ev = []
@@ -602,11 +611,17 @@ def shunt_did(j):
                     continue
                 # a bundle's path (the probe engine's own path_down names no device)
                 if "device" in e:
-                    ev.append((e.get("wall_ns", 0) / 1e9, e.get("event"), (e.get("qpn"), e.get("path"))))
+                    ev.append((e.get("wall_ns", 0) / 1e9, e.get("event"), (e.get("qpn"), e.get("path")),
+                               e.get("status")))
+    by, ev = ev, [x[:3] for x in ev]  # by: with each event's status
     if fault is not None:
-        downs = [t for t, e, _ in ev if e == "path_down" and t >= fault - 0.05]
+        downs = sorted((t, st) for t, e, _, st in by if e == "path_down" and t >= fault - 0.05)
         if downs:
-            d["detect"] = min(downs) - fault
+            d["detect"] = downs[0][0] - fault
+            # how the first path was found down: by its lost probes, its
+            # port's event, a stall, a completion error, or the peer
+            d["found_by"] = {"probes_lost": "its lost probes", "port_down": "port event",
+                             "stalled": "stall watch", "peer": "the peer"}.get(downs[0][1], f"completion ({downs[0][1]})")
     if healed is not None:
         ups = [t for t, e, _ in ev if e == "path_up" and t >= healed]
         # the shadows still down when the fault was healed (the
@@ -662,11 +677,13 @@ for r in runs:
     if r["mode"] == "with":
         d = shunt_did(j)
         col["path down after"] = fmt(d["detect"], " s", 2)
+        col["path found down by"] = d["found_by"] or "-"
+        col["paths down by probes"] = str(d.get("by_probes", 0))
         col["bytes replayed"] = "-" if d["replayed"] is None else str(d["replayed"])
         fb = d["failback"]
         col["failback after healing"] = fb if isinstance(fb, str) else fmt(fb, " s", 1)
     else:
-        col["path down after"] = col["bytes replayed"] = col["failback after healing"] = "-"
+        col["path down after"] = col["path found down by"] = col["paths down by probes"] = col["bytes replayed"] = col["failback after healing"] = "-"
     rows.append(col)
 print()
 print(f"{'scenario ' + name:<26} {'without libshunt':<34} {'with libshunt':<34}")
