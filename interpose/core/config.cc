@@ -114,7 +114,7 @@ ConfRead read_conf_file(const std::string& path, std::string* text, std::string*
   };
   auto too_large = [&](long long bytes) {
     return refuse("has " + std::to_string(bytes) + " bytes, more than the " + std::to_string(kMaxConfFileBytes) +
-                  " a config file may have");
+                  " shunt reads of a file");
   };
   if (!S_ISREG(st.st_mode)) return not_regular(st.st_mode);
   if (st.st_size > static_cast<off_t>(kMaxConfFileBytes)) return too_large(st.st_size);
@@ -144,6 +144,26 @@ ConfRead read_conf_file(const std::string& path, std::string* text, std::string*
   if (r == ConfRead::ok && got > kMaxConfFileBytes) r = too_large(static_cast<long long>(got));
   text->resize(r == ConfRead::ok ? got : 0);
   return r;
+}
+
+// SHUNT_JOB_KEY from the first line of SHUNT_JOB_KEY_FILE, where the key
+// itself is not set: the file is shared by the nodes of a job launched on
+// each node apart. A file that gives no key is a bad value of a Data
+// variable: without the job's key the host's bundles and probes fail.
+void read_job_key_file(Config* cfg, std::vector<ConfigError>* errors) {
+  const std::string path = cfg->str(Param::job_key_file);
+  if (path.empty() || !cfg->str(Param::job_key).empty()) return;
+  std::string text, why;
+  ConfRead r = read_conf_file(path, &text, &why);
+  std::string_view key = trim(std::string_view(text).substr(0, text.find('\n')));
+  if (r == ConfRead::ok && key.empty()) why = "has no key on its first line";
+  if (r != ConfRead::ok || key.empty()) {
+    errors->push_back({"SHUNT_JOB_KEY_FILE", path, "SHUNT_JOB_KEY_FILE=" + quote(path) + " " +
+                                                       (r == ConfRead::absent ? "cannot be read: " : "") + why});
+    return;
+  }
+  ConfigError e;
+  cfg->set(Param::job_key, key, path, &e);
 }
 }  // namespace
 
@@ -314,6 +334,7 @@ Config load_config(const Getenv& getenv_fn, std::vector<ConfigError>* errors,
     std::string_view name = kv.substr(0, kv.find('='));
     if (find_param(name) < 0) warnings->push_back("unknown variable " + printable(name) + " ignored");
   }
+  read_job_key_file(&cfg, errors);
   if (!errors->empty()) {
     ConfigError ignored;
     cfg.set(Param::mode, "off", "fallback after a bad value", &ignored);

@@ -34,6 +34,26 @@ key=$("$RUN" /usr/bin/python3 -c 'import os; print(os.environ["SHUNT_JOB_KEY"])'
 expect_eq "$(SHUNT_JOB_KEY=k1 "$RUN" /usr/bin/python3 -c 'import os; print(os.environ["SHUNT_JOB_KEY"])')" k1 "job key kept when set"
 "$RUN" /bin/sh -c 'exit 7'; expect_eq $? 7 "exit status passed through"
 "$RUN" 2>/dev/null; expect_eq $? 64 "no command: usage error"
+# SHUNT_JOB_KEY_FILE: the first shunt-run makes the file (0600), later
+# ones keep it, none puts a key of its own in the environment; libshunt
+# reads it, and a file that gives no key turns shunt off, named.
+kf=$TMP/keys/job.key
+mkdir -p "$TMP/keys"
+got=$(SHUNT_JOB_KEY_FILE=$kf "$RUN" /usr/bin/python3 -c 'import os; print(os.environ.get("SHUNT_JOB_KEY", "unset"))')
+expect_eq "$got" unset "no key made in the environment with SHUNT_JOB_KEY_FILE"
+[[ $(cat "$kf") =~ ^[0-9a-f]{64}$ ]] || fail "key file holds '$(cat "$kf")'"
+expect_eq "$(stat -c %a "$kf")" 600 "key file mode"
+first=$(cat "$kf")
+SHUNT_JOB_KEY_FILE=$kf "$RUN" /bin/true
+expect_eq "$(cat "$kf")" "$first" "a second shunt-run keeps the file's key"
+expect_eq "$(ls "$TMP/keys")" job.key "no temporary file left"
+sock='import socket; socket.socket()'
+out=$(SHUNT_JOB_KEY_FILE=$kf "$RUN" /usr/bin/python3 -c "$sock" 2>&1)
+[ -z "$out" ] || fail "a good key file: $out"
+out=$(SHUNT_JOB_KEY_FILE=$TMP/keys "$RUN" /usr/bin/python3 -c "$sock" 2>&1)
+[[ $out == *"shunt: SHUNT_JOB_KEY_FILE='$TMP/keys' is a directory, not a regular file; shunt is off for this process"* ]] ||
+  fail "a directory as key file: '$out'"
+ok "a bad key file: $out"
 
 # Plain: the preload is live, the pair's bytes counted exactly.
 port=$(free_port)

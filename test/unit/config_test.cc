@@ -416,3 +416,43 @@ TEST(ConfigFile, BadReportValueInTheFileIsIgnoredWithItsLine) {
   EXPECT_EQ(c.mode(), Mode::observe);
   unlink(path.c_str());
 }
+
+// SHUNT_JOB_KEY_FILE: the nodes of a job launched on each node apart share
+// one key through a file.
+TEST(Config, JobKeyFileGivesTheKey) {
+  std::string f = temp_file("  0123abcd  \nsecond line ignored\n");
+  std::vector<ConfigError> errors;
+  std::vector<std::string> warnings;
+  Config c = load(Env{{{"SHUNT_CONF_FILE", ""}, {"SHUNT_JOB_KEY_FILE", f}}}, &errors, &warnings);
+  EXPECT_TRUE(errors.empty()) << errors[0].message;
+  EXPECT_EQ(c.str(Param::job_key), "0123abcd");
+  EXPECT_EQ(c.source(Param::job_key), f);
+  EXPECT_EQ(c.mode(), Mode::active);
+  unlink(f.c_str());
+}
+
+TEST(Config, JobKeyWinsOverTheKeyFile) {
+  std::string f = temp_file("from-file\n");
+  std::vector<ConfigError> errors;
+  std::vector<std::string> warnings;
+  Config c = load(Env{{{"SHUNT_CONF_FILE", ""}, {"SHUNT_JOB_KEY_FILE", f}, {"SHUNT_JOB_KEY", "from-env"}}}, &errors,
+                  &warnings);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(c.str(Param::job_key), "from-env");
+  unlink(f.c_str());
+}
+
+TEST(Config, BadJobKeyFileIsANamedErrorAndTurnsShuntOff) {
+  std::string empty = temp_file("\nkey on the second line is none\n");
+  for (const std::string& path : {std::string("/nonexistent/shunt-key"), empty, std::string("/tmp")}) {
+    std::vector<ConfigError> errors;
+    std::vector<std::string> warnings;
+    Config c = load(Env{{{"SHUNT_CONF_FILE", ""}, {"SHUNT_JOB_KEY_FILE", path}}}, &errors, &warnings);
+    ASSERT_EQ(errors.size(), 1u) << path;
+    EXPECT_EQ(errors[0].name, "SHUNT_JOB_KEY_FILE");
+    EXPECT_EQ(errors[0].message.rfind("SHUNT_JOB_KEY_FILE='" + path + "' ", 0), 0u) << errors[0].message;
+    EXPECT_EQ(c.mode(), Mode::off) << path;
+    EXPECT_EQ(c.str(Param::job_key), "");
+  }
+  unlink(empty.c_str());
+}
