@@ -943,6 +943,15 @@ int ProbeEngine::receive(ProbeSocket& s, int rail, SourcePath* own) {
     DecodeStatus st = d.size() > kMaxProbeSize ? DecodeStatus::short_or_long : decode(d, cfg_.key, &pr);
     if (st == DecodeStatus::bad_tag) {
       ctr_.dropped_auth++;
+      // Most often a host of the job that made a key of its own; said once
+      // per address (a flood of forged ones stops at the bound).
+      if (bad_key_from_.size() < 256 && bad_key_from_.insert(from.sin_addr.s_addr).second) {
+        char ip[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+        log::warn("clocksync: probes from {} fail this job's key: every host of a job needs the same "
+                  "SHUNT_JOB_KEY (or SHUNT_JOB_KEY_FILE on a shared file system)",
+                  ip);
+      }
       return;
     }
     if (st != DecodeStatus::ok || rx_ns == 0 || pr.path != rail ||

@@ -33,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -273,6 +274,7 @@ class ProbeEngine {
   std::vector<std::unique_ptr<Peer>> peers_;
   int next_source_id_ = 1;
   EngineCounters ctr_;
+  std::set<uint32_t> bad_key_from_;  // engine thread: addresses whose probes failed the key, said once each
   std::function<void(const PathEvent&)> path_cb_, source_cb_;
   std::vector<std::function<void(const PathEvent&)>> path_listeners_;
   std::mutex cb_mu_;

@@ -87,7 +87,9 @@ bool gid_ipv4(const std::string& text, std::string* ip) {
 }
 
 bool all_digits(const std::string& s) {
-  return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), [](char c) { return isdigit(static_cast<unsigned char>(c)); });
+  return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), [](char c) {
+    return isdigit(static_cast<unsigned char>(c));
+  });
 }
 
 std::vector<int> numbered(const std::string& dir) {
@@ -102,7 +104,8 @@ std::vector<int> numbered(const std::string& dir) {
 
 std::vector<RoceRail> roce_rails(const std::string& root, int* devices) {
   std::vector<std::string> devs = entries(root, 256);
-  std::sort(devs.begin(), devs.end(), [](const std::string& a, const std::string& b) { return natural_less(a, b); });
+  std::sort(devs.begin(), devs.end(),
+            [](const std::string& a, const std::string& b) { return natural_less(a, b); });
   if (devices) *devices = int(devs.size());
   std::vector<RoceRail> out;
   std::set<std::string> netdevs, ips;
@@ -152,9 +155,12 @@ ProbeRails probe_rails(const Config& c) {
 
 const char* rails_from_text(RailsFrom f) {
   switch (f) {
-    case RailsFrom::named: return "SHUNT_PROBE_ADDRS";
-    case RailsFrom::none: return "none (SHUNT_PROBE_ADDRS=none)";
-    case RailsFrom::roce_ports: return "RoCE ports";
+    case RailsFrom::named:
+      return "SHUNT_PROBE_ADDRS";
+    case RailsFrom::none:
+      return "none (SHUNT_PROBE_ADDRS=none)";
+    case RailsFrom::roce_ports:
+      return "RoCE ports";
   }
   return "";
 }
@@ -164,15 +170,17 @@ ProbePlan probe_plan(const ProbeRails& rails, bool have_key) {
   if (rails.addrs.empty()) {
     if (rails.from == RailsFrom::none) return p;  // asked for: nothing to say
     if (rails.from == RailsFrom::roce_ports)
-      p.message = std::string(rails.devices ? "no active RoCE port with an IPv4 address"
-                                            : "no RDMA device") +
-                  ", so no probing and no TCP rails: TCP sockets are MPTCP on the kernel's own endpoints, "
-                  "one path unless those add more; SHUNT_SOCKET_RAILS=auto (or a list) turns multipath on";
+      p.message =
+          std::string(rails.devices ? "no active RoCE port with an IPv4 address"
+                                    : "no RDMA device") +
+          ", so no probing and no TCP rails: TCP sockets are MPTCP on the kernel's own endpoints, "
+          "one path unless those add more; SHUNT_SOCKET_RAILS=auto (or a list) turns multipath on";
     return p;
   }
   if (!have_key) {
     p.level = LogLevel::warn;
-    p.message = "no SHUNT_JOB_KEY, so no probing on the rails (" + std::string(rails_from_text(rails.from)) +
+    p.message = "no SHUNT_JOB_KEY, so no probing on the rails (" +
+                std::string(rails_from_text(rails.from)) +
                 "): probes under a key anyone can derive could be forged by anyone on the network; "
                 "set SHUNT_JOB_KEY to one secret on every host (shunt-run sets one)";
     return p;

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
+#include "telemetry/event_log.h"
 
 namespace shunt::peer {
 
@@ -70,6 +72,18 @@ void log_drop(Listener& l, const std::string& who, const std::string& why) {
   if (l.logged++ < 10) log::warn("peer channel: {} dropped: {}", who, why);
 }
 
+// A peer whose connection fails the job key's check: most often a node of
+// the same job that made a key of its own (shunt-run on each node), which
+// otherwise shows only as bundles that never form. Said once per address,
+// as a line and an event; a flood of forged addresses stops at the bound.
+void on_key_mismatch(const std::string& ip) {
+  if (!first_key_mismatch(ip)) return;
+  log::warn("peer channel: {} does not hold this job's key, so no bundles with it: every node of a job needs "
+            "the same SHUNT_JOB_KEY (or SHUNT_JOB_KEY_FILE on a shared file system)",
+            ip);
+  telemetry::event("key_mismatch", {{"peer", ip}});
+}
+
 bool flush(Conn& c) {
   while (!c.out.empty()) {
     ssize_t r = ::send(c.fd, c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -102,6 +116,7 @@ bool serve_one(Listener& l, Conn& c, short revents, int64_t now, std::string* wh
       bool was = c.session.authenticated();
       uint64_t before = c.session.requests();
       bool ok = c.session.on_bytes(buf, static_cast<size_t>(r), l.handler, &c.out, why);
+      if (!ok && why->rfind("wrong job key", 0) == 0) on_key_mismatch(c.who.substr(0, c.who.rfind(':')));
       if (!was && c.session.authenticated()) l.authenticated++;
       if (c.session.authenticated()) c.deadline = now + kIdleMs, c.active = now;
       l.requests += c.session.requests() - before;
@@ -185,6 +200,14 @@ void serve(Listener& l) {
   for (auto& c : conns) ::close(c->fd);
 }
 }  // namespace
+
+bool first_key_mismatch(const std::string& peer) {
+  static std::mutex mu;
+  static auto* seen = new std::set<std::string>;  // never freed: listener threads may outlive exit
+  std::lock_guard l(mu);
+  if (seen->size() >= kMaxKeyMismatchPeers || !seen->insert(peer).second) return false;
+  return true;
+}
 
 int pending_to_evict(const std::vector<uint32_t>& pending, uint32_t addr, int per_addr, int max) {
   std::map<uint32_t, int> held;

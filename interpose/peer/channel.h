@@ -46,6 +46,11 @@ std::optional<nlohmann::json> race(const std::vector<std::string>& addrs, int po
 // `max` are pending, the oldest of the address that holds the most.
 int pending_to_evict(const std::vector<uint32_t>& pending, uint32_t addr, int per_addr, int max);
 
+// Whether `peer` (an address) fails the job key's check for the first time
+// in this process: said once per peer, for the first kMaxKeyMismatchPeers.
+constexpr size_t kMaxKeyMismatchPeers = 256;
+bool first_key_mismatch(const std::string& peer);
+
 // Counters of the listener (for tests and metrics).
 struct ListenerCounters {
   uint64_t accepted = 0, authenticated = 0, dropped = 0, requests = 0;

@@ -31,7 +31,8 @@ struct FakeSysfs {
     int index;
     std::string gid, type, ndev;
   };
-  void port(const std::string& dev, int port, const std::string& state, const std::vector<Gid>& gids) {
+  void port(const std::string& dev, int port, const std::string& state,
+            const std::vector<Gid>& gids) {
     fs::path p = fs::path(dev) / "ports" / std::to_string(port);
     put(p / "state", state);
     put(p / "link_layer", "Ethernet");
@@ -44,19 +45,24 @@ struct FakeSysfs {
 };
 
 const std::string kLinkLocal = "fe80:0000:0000:0000:0250:56ff:fe00:0001";
-std::string v4(const char* hex) { return std::string("0000:0000:0000:0000:0000:ffff:") + hex; }
+std::string v4(const char* hex) {
+  return std::string("0000:0000:0000:0000:0000:ffff:") + hex;
+}
 
 // Two RoCE ports with IPv4 GIDs, a port that is DOWN, an InfiniBand-style
 // port (no RoCE type), an unused GID slot: only the two are rails.
 void typical_host(FakeSysfs& f) {
   f.port("mlx5_10", 1, "4: ACTIVE",
-         {{0, kLinkLocal, "RoCE v2", "ens10"}, {1, v4("0a00:0a02"), "IB/RoCE v1", "ens10"},
+         {{0, kLinkLocal, "RoCE v2", "ens10"},
+          {1, v4("0a00:0a02"), "IB/RoCE v1", "ens10"},
           {2, v4("0a00:0a02"), "RoCE v2", "ens10"}});
   f.port("mlx5_2", 1, "4: ACTIVE",
-         {{0, kLinkLocal, "IB/RoCE v1", "ens2"}, {3, v4("0a00:0202"), "RoCE v2", "ens2"},
+         {{0, kLinkLocal, "IB/RoCE v1", "ens2"},
+          {3, v4("0a00:0202"), "RoCE v2", "ens2"},
           {4, "0000:0000:0000:0000:0000:0000:0000:0000", "", ""}});
   f.port("mlx5_3", 1, "1: DOWN", {{1, v4("0a00:0302"), "RoCE v2", "ens3"}});
-  f.port("ib0dev", 1, "4: ACTIVE", {{0, "fe80:0000:0000:0000:0002:c903:0001:0002", "IB/RoCE v1", ""}});
+  f.port("ib0dev", 1, "4: ACTIVE",
+         {{0, "fe80:0000:0000:0000:0002:c903:0001:0002", "IB/RoCE v1", ""}});
 }
 
 Config with(std::map<Param, std::string> vals) {
@@ -89,7 +95,8 @@ TEST(RoceRails, OneRailPerNetdev) {
   FakeSysfs f;
   // A netdev with two addresses, and two ports behind one netdev (a bond):
   // one rail each, the first address.
-  f.port("rxe0", 1, "4: ACTIVE", {{1, v4("0a00:0001"), "RoCE v2", "eth1"}, {2, v4("0a00:0009"), "RoCE v2", "eth1"}});
+  f.port("rxe0", 1, "4: ACTIVE",
+         {{1, v4("0a00:0001"), "RoCE v2", "eth1"}, {2, v4("0a00:0009"), "RoCE v2", "eth1"}});
   f.port("rxe0", 2, "4: ACTIVE", {{1, v4("0a00:0101"), "RoCE v2", "bond0"}});
   f.port("rxe1", 1, "4: ACTIVE", {{1, v4("0a00:0101"), "RoCE v2", "bond0"}});
   auto rails = roce_rails(f.root);
@@ -116,7 +123,8 @@ TEST(RoceRails, ProbeRailsDefaultToTheRocePorts) {
 TEST(RoceRails, NamedProbeAddrsWin) {
   FakeSysfs f;
   typical_host(f);
-  ProbeRails r = probe_rails(with({{Param::test_ib_sysfs, f.root}, {Param::probe_addrs, "10.9.0.1,10.9.1.1"}}));
+  ProbeRails r = probe_rails(
+      with({{Param::test_ib_sysfs, f.root}, {Param::probe_addrs, "10.9.0.1,10.9.1.1"}}));
   EXPECT_EQ(r.from, RailsFrom::named);
   EXPECT_EQ(r.addrs, (std::vector<std::string>{"10.9.0.1", "10.9.1.1"}));
 }

@@ -118,3 +118,16 @@ TEST(PeerChannelBounds, WhichPendingConnectionGivesWay) {
   EXPECT_EQ(pending_to_evict(V{3, 2, 3, 2}, 1, 4, 4), 0);      // a tie: the older
   EXPECT_EQ(pending_to_evict(V{5, 6, 7, 8}, 9, 4, 4), 0);      // one each: the oldest
 }
+
+// A peer that fails the job key's check is named once, and a flood of
+// forged addresses stops at the bound instead of growing the set.
+TEST(ServiceBounds, KeyMismatchIsSaidOncePerPeerUpToTheBound) {
+  EXPECT_TRUE(shunt::peer::first_key_mismatch("10.200.0.1"));
+  EXPECT_FALSE(shunt::peer::first_key_mismatch("10.200.0.1"));
+  EXPECT_TRUE(shunt::peer::first_key_mismatch("10.200.0.2"));
+  int fresh = 0;
+  for (int i = 0; i < 1000; i++)
+    fresh += shunt::peer::first_key_mismatch("10.201." + std::to_string(i / 256) + "." + std::to_string(i % 256));
+  EXPECT_LE(fresh, int(shunt::peer::kMaxKeyMismatchPeers));
+  EXPECT_GT(fresh, 0);
+}
