@@ -22,8 +22,10 @@ learn_sports t55 "$leaf" "$a1" || fail "nft on the leaf"
 # run TAG MODE(with|without): the job, its own QP's packets dropped 3 s in
 run() {
   local tag=$1 mode=$2 env=(env) r p pids=()
+  # SHUNT_PROBE_ADDRS=none: the stall watch alone (the probes, on by
+  # default, leave from the QP's own port and would find the route first)
   [ "$mode" = with ] && env=(env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_JOB_KEY="$KEY" SHUNT_LOG_LEVEL=info
-    SHUNT_STALL_MS=2000 SHUNT_STATS_FILE=/tmp/$tag-stats.json SHUNT_METRICS_TEXTFILE=/tmp/$tag.prom
+    SHUNT_PROBE_ADDRS=none SHUNT_STALL_MS=2000 SHUNT_STATS_FILE=/tmp/$tag-stats.json SHUNT_METRICS_TEXTFILE=/tmp/$tag.prom
     SHUNT_METRICS_INTERVAL_MS=200)
   ip netns exec "$leaf" nft flush set ip t55 seen
   for r in 1 0; do
