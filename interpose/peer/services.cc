@@ -333,7 +333,8 @@ struct ProbingState {
   std::vector<std::string> rails;
   std::string rails_from, why_not;
 };
-ProbingState g_probing;  // agent thread only
+// Agent thread only; never freed (the agent may still read it during exit).
+ProbingState& g_probing = *new ProbingState;
 
 void start_probe_engine() {
   const Config& c = config();
