@@ -37,7 +37,8 @@ run() {
     pids+=($!)
   done
   for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
-  sleep 3
+  wait_bundles h1 1 || true  # (the checks below say what the fault did)
+  sleep 2
   for f in "${down[@]}"; do fab fault $f >/dev/null || fail "$f"; done
   if [ "$outage" != 0 ]; then
     sleep "$outage"

@@ -92,6 +92,22 @@ wait_port() {
   fail "nothing listens on $1:$2"
 }
 
+# wait_bundles HOST N [SECONDS]: until the metrics of HOST's host agent show
+# N bundles up (or degraded), at most SECONDS (30); 1 when they do not. A
+# fault meant for an active bundle waits for it: before, the application's
+# QP alone carries the work and its error is the application's.
+wait_bundles() {
+  local t=$((SECONDS + ${3:-30})) n
+  while [ $SECONDS -lt $t ]; do
+    n=$(fab exec "$1" -- curl -sS -m 5 http://127.0.0.1:9471/metrics 2>/dev/null |
+      awk '/^shunt_bundles\{.*state="(up|degraded)"/ { n += $NF } END { print n + 0 }')
+    [ "${n:-0}" -ge "$2" ] && return 0
+    sleep 0.5
+  done
+  echo "wait_bundles: $1 has ${n:-0} bundles up after ${3:-30} s, not $2"
+  return 1
+}
+
 # bw_avg FILE: BW average (MB/s) from ib_write_bw output
 bw_avg() { awk '$1 ~ /^[0-9]+$/ && NF >= 5 { v = $4 } END { print v + 0 }' "$1"; }
 
