@@ -1,5 +1,5 @@
 // The host's rails when nobody names them: the IPv4 addresses of the netdevs
-// behind its active RoCE ports, read from sysfs. A management, loopback or
+// behind its active RoCE ports, from each device's GID table. A management, loopback or
 // container interface has no RoCE GID, so it is never one. The probe
 // engine's rails (SHUNT_PROBE_ADDRS) and the sockets' (SHUNT_SOCKET_RAILS)
 // default to these; a variable that names rails wins, and `none` names none.
@@ -21,7 +21,10 @@ struct RoceRail {
 // Every netdev behind an ACTIVE port with a RoCE (v1 or v2) IPv4-mapped GID
 // under `root` (/sys/class/infiniband), once, with the address of its first
 // such GID; in rail order: device name (mlx5_2 before mlx5_10), then port.
-// *devices (when given) is how many RDMA devices `root` lists at all.
+// *devices (when given) is how many RDMA devices `root` lists at all. The
+// real root is read through the verbs API (ibv_query_gid_table), any other
+// (a test's tree), and every device when the API fails for one, from sysfs; an
+// answer is reused for 2 s.
 std::vector<RoceRail> roce_rails(const std::string& root, int* devices = nullptr);
 
 // Where a process's rails come from.
