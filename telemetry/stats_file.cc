@@ -132,10 +132,16 @@ struct SubflowBytes {
   uint64_t tx = 0, rx = 0;
 };
 // socket (fd, local, peer) -> subflow ("local->remote", ports included) -> bytes;
-// never freed: a report at exit may come after static destructors.
+// under g_subflows_mu. Built on first use and never freed: the agent's
+// report can come before this library's static initializers ran (a socket
+// opened in another library's constructor starts the agent) and after its
+// static destructors.
 using SubflowMap = std::map<std::string, std::map<std::string, SubflowBytes>>;
 std::mutex g_subflows_mu;
-SubflowMap* g_subflows = new SubflowMap;
+SubflowMap& subflows() {
+  static auto* m = new SubflowMap;
+  return *m;
+}
 struct SubflowsForkSafety {  // a fork while a report holds the lock
   SubflowsForkSafety() {
     on_fork([] { g_subflows_mu.lock(); }, [] { g_subflows_mu.unlock(); }, [] { g_subflows_mu.unlock(); });
@@ -146,7 +152,7 @@ struct SubflowsForkSafety {  // a fork while a report holds the lock
 // rx received), or null for a socket whose subflows were never seen.
 json subflow_paths(const std::string& key, const json& mptcp) {
   std::lock_guard<std::mutex> lk(g_subflows_mu);
-  auto& seen = (*g_subflows)[key];
+  auto& seen = subflows()[key];
   if (mptcp.is_object() && mptcp.contains("subflow"))
     for (const auto& f : mptcp["subflow"]) {
       if (!f.contains("local") || !f.contains("remote")) continue;
@@ -158,7 +164,7 @@ json subflow_paths(const std::string& key, const json& mptcp) {
       b.rx = std::max(b.rx, f.value("bytes_received", uint64_t{0}));
     }
   if (seen.empty()) {
-    g_subflows->erase(key);
+    subflows().erase(key);
     return nullptr;
   }
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> sum;
@@ -176,7 +182,7 @@ json subflow_paths(const std::string& key, const json& mptcp) {
 // Drops what is kept for sockets no longer listed.
 void forget_subflows(const std::set<std::string>& listed) {
   std::lock_guard<std::mutex> lk(g_subflows_mu);
-  std::erase_if(*g_subflows, [&](const auto& e) { return !listed.count(e.first); });
+  std::erase_if(subflows(), [&](const auto& e) { return !listed.count(e.first); });
 }
 
 void write_at_exit() {

@@ -333,14 +333,19 @@ struct ProbingState {
   std::vector<std::string> rails;
   std::string rails_from, why_not;
 };
-// Agent thread only; never freed (the agent may still read it during exit).
-ProbingState& g_probing = *new ProbingState;
+// Agent thread only. Built on first use, never freed: the agent may start
+// from another library's constructor, before this library's own static
+// initializers have run, and may still read it during exit.
+ProbingState& probing_state() {
+  static auto* s = new ProbingState;
+  return *s;
+}
 
 void start_probe_engine() {
   const Config& c = config();
   const ProbeRails rails = probe_rails(c);
   const ProbePlan plan = probe_plan(rails, !c.str(Param::job_key).empty());
-  g_probing = {rails.addrs, rails_from_text(rails.from), plan.message};
+  probing_state() = {rails.addrs, rails_from_text(rails.from), plan.message};
   if (!plan.message.empty()) log::at(plan.level, "probe engine: {}", plan.message);
   if (!plan.start) return;
   clocksync::EngineConfig ec;
@@ -348,7 +353,7 @@ void start_probe_engine() {
   std::string err;
   if (!clocksync::engine_config_from(c, &ec, &peers, &err)) {
     log::error("probe engine: {}", err);
-    g_probing.why_not = err;
+    probing_state().why_not = err;
     return;
   }
   ec.local_addrs = rails.addrs;
@@ -356,22 +361,22 @@ void start_probe_engine() {
   for (auto& p : peers) e->add_peer(p);
   if (!e->start(&err)) {
     log::error("probe engine: {}", err);
-    g_probing.why_not = err;
+    probing_state().why_not = err;
     delete e;
     return;
   }
   g_engine = e;
   std::string list;
   for (const auto& a : ec.local_addrs) list += (list.empty() ? "" : ",") + a;
-  log::info("probe engine: {} rails ({}: {}), {} peers", ec.local_addrs.size(), g_probing.rails_from, list,
+  log::info("probe engine: {} rails ({}: {}), {} peers", ec.local_addrs.size(), probing_state().rails_from, list,
             peers.size());
 }
 
 json probing_json() {
   return {{"running", g_engine != nullptr},
-          {"rails", g_probing.rails},
-          {"rails_from", g_probing.rails_from},
-          {"why_not", g_probing.why_not}};
+          {"rails", probing_state().rails},
+          {"rails_from", probing_state().rails_from},
+          {"why_not", probing_state().why_not}};
 }
 }  // namespace
 
