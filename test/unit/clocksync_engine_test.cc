@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -397,7 +398,13 @@ TEST(ClocksyncEngine, APauseSendsNothingAndKillsNoPath) {
     std::string err;
     int s = p.a.add_source_path("b", 0, 40011, &err);
     ASSERT_GT(s, 0) << err;
-    ASSERT_TRUE(eventually([&] { return p.a.source_path(s)->stats.alive; }));
+    // Events reach the listeners from the engine's notifier thread, after
+    // the state they report: wait for the source path's own "alive" event
+    // (read too soon, it came after the clear, as a change in the pauses).
+    ASSERT_TRUE(eventually([&] {
+      std::lock_guard lk(mu);
+      return std::any_of(ev.begin(), ev.end(), [&](const PathEvent& e) { return e.source_id == s && e.alive; });
+    }));
     {
       std::lock_guard lk(mu);
       ev.clear();
