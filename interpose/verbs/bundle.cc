@@ -332,6 +332,7 @@ struct Bundle {
   int64_t prim_router_next_ms = 0;
   int prim_router_tries = 0;
   int prim_router_fd = -1;
+  int prim_early_fd = -1;  // its datagram of the set-up (under mu; closed by activation, fall-back or destruction)
   // split's balance of the routers: the carrier it counts for, and the
   // bundle's and that carrier's bytes when it began
   int bal_carrier = -2;
@@ -380,10 +381,13 @@ std::string gid_hex(const ibv_gid& g) {
 }
 
 // Stays primary-only: one log line and one event say why.
+void settle_prim_router(Bundle* b, bool take);
+
 void fall_back(Bundle* b, const std::string& why) {
   {
     std::lock_guard g(b->mu);
     b->state = "primary-only: " + why;
+    settle_prim_router(b, false);
   }
   log::warn("{} QP {}: bundle stays primary-only: {}", b->ctx->device, b->pqp->qp_num, why);
   telemetry::event("bundle_fallback",
@@ -989,6 +993,33 @@ std::vector<std::pair<uint32_t, std::string>> cross_order(const std::vector<std:
 // SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
 // more shadows, ports balanced over the routers two hops out, before the
 // shadows connect (their flow labels are theirs alone until then).
+// The application QP's own router, asked while the bundle is set up, with
+// its shadows' ports: once it is active the host agent probes from that
+// port, and a discovery datagram can no longer leave from it (discovery
+// takes no port another socket holds). settle_prim_router reads the answer
+// and frees the port before activation; where none came, the worker asks
+// again (ask_prim_router). Under b->mu.
+void ask_prim_router_early(Bundle* b, uint32_t sport) {
+  std::string lip, rip;
+  if (b->prim_early_fd >= 0 || b->prim_router_tries || config().num(Param::path_discovery_ms) <= 0 ||
+      !gid_v4(b->lgid, &lip) || !gid_v4(b->rgid, &rip))
+    return;
+  b->prim_router_tries++;
+  b->prim_early_fd = hop_send(lip, rip, static_cast<uint16_t>(sport), 2);
+}
+
+// Under b->mu; `take`: keep the answer (at activation), else only close.
+void settle_prim_router(Bundle* b, bool take = true) {
+  if (b->prim_early_fd < 0) return;
+  std::string hop;
+  if (take && hop_answer(b->prim_early_fd, &hop) && !hop.empty()) {
+    std::lock_guard l(b->lk);
+    b->prim.router = hop;
+  }
+  close(b->prim_early_fd);
+  b->prim_early_fd = -1;
+}
+
 void spread_over_routers(Bundle* b) {
   const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
   if (wait_ms <= 0) return;
@@ -1010,6 +1041,7 @@ void spread_over_routers(Bundle* b) {
       if (j.paths.size() < 2 || !gid_v4(b->rails[r].lgid, &j.lip) || !gid_v4(b->rails[r].rgid, &j.rip)) continue;
       jobs.push_back(std::move(j));
     }
+    ask_prim_router_early(b, prim);
   }
   for (auto& j : jobs) {
     const int want = 3 * static_cast<int>(j.paths.size());
@@ -1142,6 +1174,7 @@ void run_setup(Bundle* b) {
       g.lock();
       goto failed;
     }
+    settle_prim_router(b);
     activate(b);
     start_stall_watch();
     g.unlock();
@@ -1228,6 +1261,7 @@ json answer_join(const json& req) {
         gid_v4(b->rails[0].rgid, &rip)) {
       std::vector<uint16_t> ports;
       std::vector<std::string> hops;
+      ask_prim_router_early(b, sport_of(flow_label_for(label_seed(b), -1)));
       const int got = shared_hops(lip, rip, 3 * want, wait_ms, true, &ports, &hops);
       if (got < 0) {
         if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + discovery_cap_ms(wait_ms) + 1000;
@@ -1330,6 +1364,7 @@ json answer_activate(const json& req) {
       return {{"error", err}};
     }
     track_shadows(b);
+    settle_prim_router(b);
     activate(b);
     start_stall_watch();
   }
@@ -3892,6 +3927,7 @@ void bundle_on_destroy(QpRecord* r) {
     b->recvs.clear();
     b->prim.infl.clear();
     if (!b->dir_file.empty()) unlink(b->dir_file.c_str());
+    settle_prim_router(b, false);
     b->state += " (destroyed)";
     probed = b->probed;
   }
