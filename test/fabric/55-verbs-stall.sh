@@ -50,6 +50,9 @@ run() {
     sleep 6
     fab exec h1 -- "$B/bin/shuntctl" paths --interval 1100 > "$TMP/$tag.paths" 2>&1
     fab exec h1 -- "$B/bin/shuntctl" paths --json --interval 1100 > "$TMP/$tag.paths.json" 2>&1
+    # the agent's metrics textfile of the live job (the last one, written
+    # after the job destroyed its QPs, has no bundle left to show)
+    fab exec h1 -- cp /tmp/$tag.prom /tmp/$tag.live.prom
     # the job runs until this is done (the fab exec calls take seconds on a busy host)
     fab exec h1 -- touch /tmp/$tag.stop
   fi
@@ -98,7 +101,7 @@ sys.exit(0 if prim and not prim[0]["up"] and prim[0]["fails"] >= 1 and carrier a
          and carrier[0]["up"] else 1)
 PY
 # The agent's metrics name the failed path and the one that carries the work now.
-fab exec h1 -- cat /tmp/stall.prom > "$TMP/stall.prom" || fail "no metrics textfile"
+fab exec h1 -- cat /tmp/stall.live.prom > "$TMP/stall.prom" || fail "no metrics textfile"
 grep -E '^shunt_bundle_path_(failures_total|carrier)\{' "$TMP/stall.prom" | grep -v ' 0$'
 grep -qE '^shunt_bundle_path_failures_total\{.*path="primary".*\} [1-9]' "$TMP/stall.prom" ||
   fail "the metrics do not show the application's QP's path failing"
