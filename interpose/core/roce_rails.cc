@@ -147,9 +147,9 @@ bool verbs_rails(std::vector<RoceRail>* out, int* devices) {
     if (ibv_query_device(ctx, &da) == 0) {
       size_t len = 0;
       active.assign(size_t(da.phys_port_cnt) + 1, false);
-      for (uint8_t port = 1; port <= da.phys_port_cnt; port++) {
+      for (int port = 1; port <= int(da.phys_port_cnt); port++) {  // (an 8-bit counter would wrap at 255)
         ibv_port_attr pa{};
-        if (ibv_query_port(ctx, port, &pa) != 0) continue;
+        if (ibv_query_port(ctx, uint8_t(port), &pa) != 0) continue;
         active[port] = pa.state == IBV_PORT_ACTIVE;
         len += size_t(pa.gid_tbl_len);
       }

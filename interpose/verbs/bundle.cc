@@ -380,9 +380,9 @@ std::string gid_hex(const ibv_gid& g) {
   return std::string(s, 32);
 }
 
-// Stays primary-only: one log line and one event say why.
 void settle_prim_router(Bundle* b, bool take);
 
+// Stays primary-only: one log line and one event say why.
 void fall_back(Bundle* b, const std::string& why) {
   {
     std::lock_guard g(b->mu);
@@ -990,9 +990,6 @@ std::vector<std::pair<uint32_t, std::string>> cross_order(const std::vector<std:
   return out;
 }
 
-// SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
-// more shadows, ports balanced over the routers two hops out, before the
-// shadows connect (their flow labels are theirs alone until then).
 // The application QP's own router, asked while the bundle is set up, with
 // its shadows' ports: once it is active the host agent probes from that
 // port, and a discovery datagram can no longer leave from it (discovery
@@ -1020,6 +1017,9 @@ void settle_prim_router(Bundle* b, bool take = true) {
   b->prim_early_fd = -1;
 }
 
+// SHUNT_PATH_DISCOVERY_MS (path_discovery.h): on each rail with two or
+// more shadows, ports balanced over the routers two hops out, before the
+// shadows connect (their flow labels are theirs alone until then).
 void spread_over_routers(Bundle* b) {
   const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
   if (wait_ms <= 0) return;
