@@ -1261,7 +1261,8 @@ json answer_join(const json& req) {
         gid_v4(b->rails[0].rgid, &rip)) {
       std::vector<uint16_t> ports;
       std::vector<std::string> hops;
-      ask_prim_router_early(b, sport_of(flow_label_for(label_seed(b), -1)));
+      const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));  // the application QP's port
+      ask_prim_router_early(b, prim);
       const int got = shared_hops(lip, rip, 3 * want, wait_ms, true, &ports, &hops);
       if (got < 0) {
         if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + discovery_cap_ms(wait_ms) + 1000;
@@ -1269,7 +1270,7 @@ json answer_join(const json& req) {
       } else if (got > 0) {
         std::string spread;
         placed = cross_order(
-            pick_ports(std::move(ports), std::move(hops), want, sport_of(flow_label_for(label_seed(b), -1)), &spread));
+            pick_ports(std::move(ports), std::move(hops), want, prim, &spread));
         if (!placed.empty())
           log::info("{} QP {}: rail 0: {} shadows over {} (the peer's bundle)", b->ctx->device, b->pqp->qp_num, want, spread);
       }
