@@ -39,6 +39,7 @@ CORE_OBJS   := $(patsubst %.cc,$(BUILD)/obj/%.o,$(CORE_SRCS))
 LIB_LIBS    := -libverbs -ldl -lpthread
 
 SHUNT_SO    := $(BUILD)/lib/libshunt.so
+RDMACM_SHIM := $(BUILD)/lib/libshunt-rdmacm.so
 CORE_A      := $(BUILD)/lib/libshunt_core.a
 VERSION_MAP := $(BUILD)/shunt.map
 
@@ -71,7 +72,7 @@ MAN_STATIC  := $(wildcard man/*.[1-9])
 MAN_GEN     := $(patsubst man/%.in,$(BUILD)/man/%,$(wildcard man/*.in))
 
 .PHONY: demo config-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
-all: $(SHUNT_SO) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
+all: $(SHUNT_SO) $(RDMACM_SHIM) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
 
 -include mk/*.mk
 
@@ -91,8 +92,14 @@ $(VERSION_MAP): interpose/gen-version-map interpose/exports.list
 
 $(SHUNT_SO): $(LIB_OBJS) $(VERSION_MAP)
 	@mkdir -p $(dir $@)
-	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJS) -Wl,--version-script=$(VERSION_MAP) \
+	$(CXX) -shared $(SAN) -o $@ $(LIB_OBJS) -Wl,--version-script=$(VERSION_MAP) -Wl,-soname,libshunt.so \
 	  -Wl,-z,defs -Wl,-z,now -Wl,--no-undefined $(LIB_LIBS)
+
+# What a dlopen of librdmacm gets under libshunt: an empty object that needs
+# libshunt (matched by its soname to the one loaded) before librdmacm.
+$(RDMACM_SHIM): interpose/shim/rdmacm.c $(SHUNT_SO)
+	$(CC) $(CFLAGS_BASE) -fPIC -shared -o $@ $< -Wl,--no-as-needed -L$(BUILD)/lib -l:libshunt.so -lrdmacm \
+	  -Wl,-rpath,'$$ORIGIN'
 
 $(CORE_A): $(CORE_OBJS)
 	@mkdir -p $(dir $@)
@@ -186,6 +193,7 @@ bench: deps
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/shunt $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(SHUNT_SO) $(DESTDIR)$(PREFIX)/lib/shunt/libshunt.so
+	install -m 0755 $(RDMACM_SHIM) $(DESTDIR)$(PREFIX)/lib/shunt/libshunt-rdmacm.so
 	for b in $(TOOL_BINS) $(TOOL_SCRIPTS); do install -m 0755 $$b $(DESTDIR)$(PREFIX)/bin/; done
 	install -d $(DESTDIR)$(PREFIX)/share/shunt/tools/guest  # shunt-fabric's guest (PREFIX/share/shunt)
 	install -m 0755 tools/guest/* $(DESTDIR)$(PREFIX)/share/shunt/tools/guest/

@@ -4,12 +4,19 @@
 // the libibverbs libshunt runs on, by any of its names or its path, returns a
 // handle on libshunt instead: dlsym/dlvsym through it find libshunt's wrappers
 // first and, among libshunt's own dependencies, the real libibverbs for every
-// name and version node libshunt does not define. Every other open is a tail
-// call to the real one, which therefore still sees the caller's return
-// address (its RUNPATH, $ORIGIN and namespace), as without libshunt.
+// name and version node libshunt does not define. librdmacm is not among those
+// dependencies (libshunt would load it into every process), so an open of
+// librdmacm returns a handle on libshunt-rdmacm.so, installed beside libshunt:
+// an empty object whose dependencies are libshunt, then librdmacm, so a lookup
+// through it finds libshunt's rdma_* wrappers first and librdmacm for the
+// rest. Every other open is a tail call to the real one, which therefore
+// still sees the caller's return address (its RUNPATH, $ORIGIN and
+// namespace), as without libshunt.
 #include <dlfcn.h>
 #include <link.h>
 #include <string.h>
+
+#include <string>
 
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
@@ -21,15 +28,21 @@ namespace {
 char g_pass_tag;
 void* const kPass = &g_pass_tag;  // "not ours": the caller does the real open
 
-// The basename is libibverbs.so, libibverbs.so.1 or the versioned file name.
-inline bool names_verbs(const char* file) {
+// The basename is NAME (e.g. "libibverbs.so") or NAME.SUFFIX.
+inline bool names_lib(const char* file, const char* name, size_t len) {
   if (!file) return false;
   const char* base = strrchr(file, '/');
   base = base ? base + 1 : file;
-  static constexpr char kName[] = "libibverbs.so";
-  if (strncmp(base, kName, sizeof kName - 1) != 0) return false;
-  char next = base[sizeof kName - 1];
-  return next == '\0' || next == '.';
+  if (strncmp(base, name, len) != 0) return false;
+  return base[len] == '\0' || base[len] == '.';
+}
+constexpr char kVerbs[] = "libibverbs.so";
+constexpr char kRdmacm[] = "librdmacm.so";
+enum class Lib { other, verbs, rdmacm };
+inline Lib which_lib(const char* file) {
+  if (names_lib(file, kVerbs, sizeof kVerbs - 1)) return Lib::verbs;
+  if (names_lib(file, kRdmacm, sizeof kRdmacm - 1)) return Lib::rdmacm;
+  return Lib::other;
 }
 
 link_map* map_of(const void* addr) {
@@ -50,11 +63,51 @@ link_map* verbs_map() {
   return real ? map_of(real) : nullptr;
 }
 
-// The open of a name that passed names_verbs: libshunt's handle when `file`
-// is the libibverbs shunt wraps, the real handle when it is another copy,
-// else kPass.
-__attribute__((noinline)) void* open_verbs(const char* file, int mode, const void* caller,
-                                           void* (*real_open)(const char*, int) noexcept) {
+// libshunt-rdmacm.so beside libshunt ("" when libshunt's path is unknown).
+const std::string& rdmacm_shim_path() {
+  static const std::string* const path = [] {
+    std::string dir = self_map() && self_map()->l_name ? self_map()->l_name : "";
+    size_t slash = dir.rfind('/');
+    return new std::string(slash == std::string::npos ? "" : dir.substr(0, slash + 1) + "libshunt-rdmacm.so");
+  }();
+  return *path;
+}
+
+// librdmacm, opened as `h`: the shim's handle when the shim's librdmacm is
+// the same object, else `h`.
+void* answer_rdmacm(const char* file, int mode, void* h, void* (*real_open)(const char*, int) noexcept) {
+  const std::string& shim_path = rdmacm_shim_path();
+  void* shim = shim_path.empty() ? nullptr : real_open(shim_path.c_str(), mode & ~RTLD_NOLOAD);
+  const char* why = nullptr;
+  if (!shim) {
+    why = "libshunt-rdmacm.so is not beside libshunt";
+  } else if (dlvsym(shim, "rdma_create_id", "RDMACM_1.0") != dlvsym(h, "rdma_create_id", "RDMACM_1.0")) {
+    why = "it is another copy of librdmacm than the one libshunt wraps";
+    dlclose(shim);
+    shim = nullptr;
+  }
+  try {
+    if (shim)
+      log::once(LogLevel::info, "dlopen-rdmacm",
+                fmt::format("dlopen(\"{}\") answered through libshunt: rdma_cm looked up through it reaches shunt",
+                            file));
+    else
+      log::once(LogLevel::warn, "dlopen-rdmacm",
+                fmt::format("dlopen(\"{}\") gets the real librdmacm ({}): its disconnects over a dead route wait "
+                            "for the connection manager",
+                            file, why));
+  } catch (...) {
+  }
+  if (!shim) return h;
+  dlclose(h);  // the shim holds librdmacm
+  return shim;
+}
+
+// The open of a name that which_lib placed: libshunt's handle (verbs) or the
+// shim's (rdmacm) when `file` is the library shunt wraps, the real handle
+// when it is another copy, else kPass.
+__attribute__((noinline)) void* open_wrapped(Lib lib, const char* file, int mode, const void* caller,
+                                             void* (*real_open)(const char*, int) noexcept) {
   if (in_shunt() || !self_map() || map_of(caller) == self_map()) return kPass;
   ensure_init();
   if (current_mode() == Mode::off) return kPass;
@@ -63,6 +116,7 @@ __attribute__((noinline)) void* open_verbs(const char* file, int mode, const voi
   // RUNPATH finds fails here, and is then opened by the caller as it asked.
   void* h = real_open(file, mode);
   if (!h) return kPass;
+  if (lib == Lib::rdmacm) return answer_rdmacm(file, mode, h, real_open);
   link_map* opened = nullptr;
   if (dlinfo(h, RTLD_DI_LINKMAP, &opened) != 0 || opened != verbs_map())
     return h;  // another copy: untouched
@@ -93,8 +147,8 @@ __attribute__((visibility("default"))) void* shunt_dlopen(const char* file, int 
   static std::atomic<void*> slot{nullptr};
   auto* real = real_fn<void*(const char*, int) noexcept>(slot, "dlopen", "GLIBC_2.34", "libc.so.6",
                                                          reinterpret_cast<void*>(&shunt_dlopen));
-  if (__builtin_expect(names_verbs(file), 0)) {
-    void* h = open_verbs(file, mode, __builtin_return_address(0), real);
+  if (Lib lib = which_lib(file); __builtin_expect(lib != Lib::other, 0)) {
+    void* h = open_wrapped(lib, file, mode, __builtin_return_address(0), real);
     if (h != kPass) return h;
   }
   return real(file, mode);  // a tail call: the caller's address is the one glibc sees
@@ -112,11 +166,12 @@ __asm__(".symver shunt_dlopen_base, dlopen@GLIBC_2.17");
 
 // Only the base namespace holds libshunt; opens into another pass through.
 __attribute__((visibility("default"))) void* dlmopen(Lmid_t ns, const char* file, int mode) {
-  if (__builtin_expect(ns == LM_ID_BASE && names_verbs(file), 0)) {
+  Lib lib = ns == LM_ID_BASE ? which_lib(file) : Lib::other;
+  if (__builtin_expect(lib != Lib::other, 0)) {
     static std::atomic<void*> slot{nullptr};
     auto* real = real_fn<void*(const char*, int) noexcept>(
         slot, "dlopen", "GLIBC_2.34", "libc.so.6", reinterpret_cast<void*>(&shunt_dlopen));
-    void* h = open_verbs(file, mode, __builtin_return_address(0), real);
+    void* h = open_wrapped(lib, file, mode, __builtin_return_address(0), real);
     if (h != kPass) return h;
   }
   return SHUNT_REAL_IN("libc.so.6", dlmopen, "GLIBC_2.34")(ns, file, mode);

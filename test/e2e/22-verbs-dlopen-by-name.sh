@@ -85,3 +85,42 @@ done
 # A program that opens libshunt itself (no preload) still gets libibverbs.
 "$where" --first "$LIB" libibverbs.so.1 ibv_create_qp IBVERBS_1.1 > "$TMP/self.out" || fail "open after libshunt failed"
 expect_eq "$(awk '{ print $3 }' "$TMP/self.out")" "$verbs" "libibverbs after dlopen of libshunt"
+
+# librdmacm by name, by path, through dlmopen and through the pre-2.34
+# dlopen: the rdma_* entry points libshunt wraps (its disconnect over a dead
+# route) come from libshunt, every other from the real librdmacm, through
+# libshunt-rdmacm.so; the handle closes. Without the preload, under
+# SHUNT_MODE=off, and for a libshunt with no libshunt-rdmacm.so beside it
+# (said once, at warning level): everything from librdmacm.
+rdmacm=$(realpath "$(ldconfig -p | awk '$1 == "librdmacm.so.1" { print $NF; exit }')")
+[ -f "$rdmacm" ] || skip "no librdmacm.so.1"
+nm -D --defined-only "$LIB" | awk '$3 ~ /^rdma_/ { sub("@@", "@", $3); print $3 }' | sort > "$TMP/wrapped_cm"
+expect_eq "$(wc -l < "$TMP/wrapped_cm")" 3 "rdma_* entry points libshunt wraps"
+cm_syms=(rdma_disconnect RDMACM_1.0 rdma_get_cm_event RDMACM_1.0 rdma_ack_cm_event RDMACM_1.0
+  rdma_create_id RDMACM_1.0 rdma_connect RDMACM_1.0 rdma_destroy_id RDMACM_1.0 rdma_get_cm_event -)
+# check_cm FILE WHAT WRAPPED_IN: wrapped names in WRAPPED_IN, the rest in librdmacm
+check_cm() {
+  local n=0 sym ver obj want
+  while read -r sym ver obj; do
+    n=$((n + 1))
+    if grep -qx "$sym@${ver/-/RDMACM_1.0}" "$TMP/wrapped_cm"; then want=$3; else want=$rdmacm; fi
+    [ "$(realpath "$obj" 2>/dev/null)" = "$want" ] || fail "$2: $sym@$ver resolved in $obj, expected $want"
+  done < "$1"
+  expect_eq "$n" 7 "$2: symbols printed"
+  ok "$2: the wrapped rdma_* in $(basename "$3"), the rest in librdmacm"
+}
+for how in librdmacm.so.1 librdmacm.so "$rdmacm" "--lm librdmacm.so.1" "--base librdmacm.so.1"; do
+  # shellcheck disable=SC2086
+  SHUNT_MODE=observe LD_PRELOAD=$LIB "$where" $how "${cm_syms[@]}" > "$TMP/cm.out" 2> "$TMP/cm.err" ||
+    fail "open $how failed: $(cat "$TMP/cm.err")"
+  check_cm "$TMP/cm.out" "rdmacm: open $how" "$shunt"
+done
+"$where" librdmacm.so.1 "${cm_syms[@]}" > "$TMP/cm.out" || fail "open of librdmacm without shunt failed"
+check_cm "$TMP/cm.out" "rdmacm without shunt" "$rdmacm"
+SHUNT_MODE=off LD_PRELOAD=$LIB "$where" librdmacm.so.1 "${cm_syms[@]}" > "$TMP/cm.out" || fail "open under off failed"
+check_cm "$TMP/cm.out" "rdmacm under SHUNT_MODE=off" "$rdmacm"
+mkdir "$TMP/alone" && cp "$LIB" "$TMP/alone/libshunt.so"
+SHUNT_MODE=observe LD_PRELOAD=$TMP/alone/libshunt.so "$where" librdmacm.so.1 "${cm_syms[@]}" > "$TMP/cm.out" 2> "$TMP/cm.err" ||
+  fail "open without libshunt-rdmacm.so failed"
+check_cm "$TMP/cm.out" "rdmacm, libshunt alone" "$rdmacm"
+grep -q "warning.*libshunt-rdmacm.so is not beside libshunt" "$TMP/cm.err" || fail "no warning without libshunt-rdmacm.so: $(cat "$TMP/cm.err")"
