@@ -230,6 +230,12 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
       }
     }
   }
+  // Destroyed QPs' bundles, summed by the process: counters only.
+  for (auto& q : list(m, "closed_bundle_paths")) {
+    Labels l = with(p, {{"device", str(q, "device")}, {"nic", str(q, "nic")}, {"path", str(q, "path")}});
+    x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
+    x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+  }
   if (running)
     for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
   const json& ev = dict(m, "events");

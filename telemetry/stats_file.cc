@@ -4,11 +4,13 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "interpose/core/json_text.h"
 #include "interpose/core/log.h"
@@ -197,6 +199,9 @@ json stats_json(Detail detail) {
   json calls = json::object();
   json devices = json::array();
   json qps = json::array(), bundles = json::array();
+  // Destroyed QPs' bundles, their paths summed per device, NIC and path: the
+  // metrics' counters keep what they sent and how often they failed.
+  std::map<std::tuple<std::string, std::string, std::string>, std::array<uint64_t, 3>> closed;
   uint64_t replays = 0;
   if (detail == Detail::full) {
     for (int i = 0; i < static_cast<int>(verbs::Call::count_); i++)
@@ -223,17 +228,33 @@ json stats_json(Detail detail) {
         // application's QP was moved off); fallback: primary-only or given up
         bool degraded = bj.value("primary_down", false);
         for (const auto& pj : bj["paths"]) degraded |= pj.value("down", false);
-        if (!r.destroyed.load())
+        if (!r.destroyed.load()) {
           bundles.push_back({{"qpn", r.qpn},
                              {"device", r.device},
                              {"state", !bj.value("active", false) ? "fallback" : degraded ? "degraded" : "up"},
                              {"paths", bundle_paths(bj)}});
+        } else {
+          for (const auto& pj : bundle_paths(bj)) {
+            auto& c = closed[{r.device, pj.value("nic", ""), pj.value("path", "")}];
+            c[0]++;
+            c[1] += pj.value("tx_bytes", uint64_t{0});
+            c[2] += pj.value("fails", uint64_t{0});
+          }
+        }
         replays += bj.value("replayed", uint64_t{0});
         q["bundle"] = std::move(bj);
       }
       qps.push_back(std::move(q));
     });
   }
+  json closed_paths = json::array();
+  for (const auto& [k, c] : closed)
+    closed_paths.push_back({{"device", std::get<0>(k)},
+                            {"nic", std::get<1>(k)},
+                            {"path", std::get<2>(k)},
+                            {"bundles", c[0]},
+                            {"tx_bytes", c[1]},
+                            {"fails", c[2]}});
   json socks = json::array(), folded = json::array();
   sock::Snapshot ss = sock::snapshot();
   std::set<std::string> listed;
@@ -285,6 +306,7 @@ json stats_json(Detail detail) {
           {"closed_sockets", folded},
           {"sockets_untracked", ss.cap_refused},
           {"bundles", bundles},
+          {"closed_bundle_paths", closed_paths},
           {"replays", replays},
           {"job", job_id()},
           {"rank", rank()},

@@ -110,4 +110,11 @@ grep -qE '^shunt_bundle_path_carrier\{.*path="[0-9]+".*\} 1$' "$TMP/stall.prom" 
 if command -v promtool >/dev/null; then
   promtool check metrics < "$TMP/stall.prom" || fail "promtool rejects the metrics"
 fi
+# The last textfile, written after the job destroyed its QPs: a destroyed
+# QP's bundle stays in the counters (one that fell would read as a reset).
+fab exec h1 -- cat /tmp/stall.prom > "$TMP/stall.end.prom" || fail "no final metrics textfile"
+fails() { awk '/^shunt_bundle_path_failures_total\{.*path="primary"/ { s += $NF } END { print s + 0 }' "$1"; }
+echo "failures of the application's QP's path: $(fails "$TMP/stall.prom") live, $(fails "$TMP/stall.end.prom") after the job"
+[ "$(fails "$TMP/stall.end.prom")" -ge "$(fails "$TMP/stall.prom")" ] ||
+  fail "the failure counter fell once the job destroyed its QPs"
 echo "ok: a QP that retries forever through a dead route moved on a stall, every message exactly once"

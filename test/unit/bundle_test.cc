@@ -21,6 +21,7 @@
 #include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/registry.h"
+#include "telemetry/stats_file.h"
 
 using namespace shunt::verbs;
 
@@ -162,6 +163,38 @@ TEST(Bundle, OneSidedWorkRidesAShadowAndTwoSidedStaysOnTheApplicationsQp) {
   ASSERT_EQ(g_posted.size(), 2u);
   EXPECT_EQ(g_posted[1].qpn, 500u);
   EXPECT_EQ(g_posted[1].opcode, IBV_WR_SEND);
+}
+
+// A destroyed QP's bundle leaves the report's live bundles, but its paths'
+// bytes stay in it, summed per device, NIC and path: the metrics' counters
+// of bundle paths never go backwards when a job destroys a QP.
+TEST(Bundle, ADestroyedQpsBundleKeepsItsBytesInTheReport) {
+  auto closed_bytes = [] {
+    uint64_t n = 0;
+    const auto snap = shunt::telemetry::stats_json();
+    if (!snap.contains("closed_bundle_paths")) return n;
+    for (const auto& c : snap["closed_bundle_paths"])
+      if (c["device"].get<std::string>() == "bundle0") n += c["tx_bytes"].get<uint64_t>();
+    return n;
+  };
+  auto live = [] {
+    int n = 0;
+    const auto snap = shunt::telemetry::stats_json();
+    for (const auto& b : snap["bundles"])
+      n += b["device"].get<std::string>() == "bundle0" && b["qpn"].get<uint32_t>() == 500;
+    return n;
+  };
+  const uint64_t before = closed_bytes();
+  Rig r;
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, nullptr, 4096), 0);
+  ASSERT_EQ(g_posted.size(), 1u);
+  complete(g_posted[0].qpn, 1);
+  ASSERT_EQ(r.poll().size(), 1u);
+  EXPECT_EQ(live(), 1);
+  EXPECT_EQ(closed_bytes(), before);
+  untrack_qp(&r.app);  // the application destroyed its QP: the record keeps its bundle
+  EXPECT_EQ(live(), 0);
+  EXPECT_EQ(closed_bytes(), before + 4096);
 }
 
 TEST(Bundle, ASendAfterAnUnsignaledWriteWaitsBehindAFenceTheApplicationNeverSees) {

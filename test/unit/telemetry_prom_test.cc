@@ -231,6 +231,28 @@ TEST(TelemetryMetrics, AnExitedProcessKeepsItsCountersNotItsGauges) {
   EXPECT_TRUE(has_line(t, R"(shunt_bundles{shunt_job="j",rank="0",state="up"} 1)"));
 }
 
+// A destroyed QP's bundle comes summed in closed_bundle_paths: its bytes
+// and failures stay in the counters, beside the live bundles' own; it has
+// no gauge (no path of it is in service or not).
+TEST(TelemetryMetrics, ADestroyedQpsBundleKeepsItsCountersNotItsGauges) {
+  HostView v;
+  v.members["100"] = member("0", 1);
+  v.members["100"]["bundles"] = json::parse(R"([{"qpn":17,"device":"rxe0","state":"up","paths":[
+    {"path":"0","nic":"rxe0","udp_sport":50001,"up":true,"carrier":true,"tx_bytes":10,"fails":1}]}])");
+  v.members["100"]["closed_bundle_paths"] = json::parse(R"([
+    {"device":"rxe0","nic":"rxe0","path":"0","bundles":2,"tx_bytes":100,"fails":3},
+    {"device":"rxe0","nic":"rxe1","path":"1","bundles":2,"tx_bytes":7,"fails":0}])");
+  std::string t = render_metrics(v);
+  const std::string l0 = R"({shunt_job="j",rank="0",device="rxe0",nic="rxe0",path="0"})";
+  const std::string l1 = R"({shunt_job="j",rank="0",device="rxe0",nic="rxe1",path="1"})";
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_tx_bytes_total" + l0 + " 110")) << t;
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_failures_total" + l0 + " 4"));
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_tx_bytes_total" + l1 + " 7"));
+  EXPECT_TRUE(has_line(t, "shunt_bundle_path_up" + l0 + " 1"));
+  EXPECT_EQ(t.find("shunt_bundle_path_up" + l1), std::string::npos);
+  EXPECT_EQ(t.find("shunt_bundle_paths" + l1), std::string::npos);
+}
+
 TEST(TelemetryMetrics, SocketSeriesHaveAddressesWithoutPorts) {
   HostView v;
   v.members["100"] = member("0", 1);
