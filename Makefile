@@ -18,7 +18,7 @@ JOBS     ?= $(shell nproc)
 # Debian packages the build, tests and benchmarks need; fragments add more.
 DEB_PACKAGES := build-essential g++ make pkg-config python3 binutils \
   libibverbs-dev rdma-core ibverbs-utils ibverbs-providers \
-  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libboost-dev \
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev \
   libgtest-dev libbenchmark-dev libsodium-dev librdmacm-dev mandoc
 
 WARN     := -Wall -Wextra -Werror -Wno-missing-field-initializers
