@@ -79,6 +79,7 @@ assert wo["exit status"] != "0", wo
 assert w["exit status"] == "0" and w["errors seen by the app"] == "0", w
 assert w["result"].endswith("MB/s (BW average)"), w["result"]
 assert w["path down after"] != "-" and int(w["bytes replayed"]) > 0, w
+assert int(w["paths down by probes"]) >= 1, w  # the dark link's idle paths are found by their probes
 print("ib_write_bw with rail 0 lost for good: without exit", wo["exit status"], "; with", w["result"])
 PY
 grep -q '"event":"cm_disconnected"' "$TMP/wbw/with.events0.jsonl" || fail "ib_write_bw: no DISCONNECTED from shunt"
