@@ -16,8 +16,6 @@
 #include <link.h>
 #include <string.h>
 
-#include <string>
-
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 
@@ -63,21 +61,29 @@ link_map* verbs_map() {
   return real ? map_of(real) : nullptr;
 }
 
-// libshunt-rdmacm.so beside libshunt ("" when libshunt's path is unknown).
-const std::string& rdmacm_shim_path() {
-  static const std::string* const path = [] {
-    std::string dir = self_map() && self_map()->l_name ? self_map()->l_name : "";
-    size_t slash = dir.rfind('/');
-    return new std::string(slash == std::string::npos ? "" : dir.substr(0, slash + 1) + "libshunt-rdmacm.so");
-  }();
-  return *path;
+// libshunt-rdmacm.so beside libshunt ("" when libshunt's path is unknown or
+// too long); built once, with no allocation (dlopen is noexcept).
+const char* rdmacm_shim_path() {
+  static const struct Path {
+    char s[4096] = "";
+    Path() {
+      const char* self = self_map() ? self_map()->l_name : nullptr;
+      const char* slash = self ? strrchr(self, '/') : nullptr;
+      static constexpr char kShim[] = "libshunt-rdmacm.so";
+      const size_t dir = slash ? static_cast<size_t>(slash - self) + 1 : 0;
+      if (dir == 0 || dir + sizeof kShim > sizeof s) return;
+      memcpy(s, self, dir);
+      memcpy(s + dir, kShim, sizeof kShim);
+    }
+  } path;
+  return path.s;
 }
 
 // librdmacm, opened as `h`: the shim's handle when the shim's librdmacm is
 // the same object, else `h`.
 void* answer_rdmacm(const char* file, int mode, void* h, void* (*real_open)(const char*, int) noexcept) {
-  const std::string& shim_path = rdmacm_shim_path();
-  void* shim = shim_path.empty() ? nullptr : real_open(shim_path.c_str(), mode & ~RTLD_NOLOAD);
+  const char* shim_path = rdmacm_shim_path();
+  void* shim = *shim_path ? real_open(shim_path, mode & ~RTLD_NOLOAD) : nullptr;
   const char* why = nullptr;
   if (!shim) {
     why = "libshunt-rdmacm.so is not beside libshunt";
