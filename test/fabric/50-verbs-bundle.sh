@@ -77,7 +77,7 @@ a2a() {
   note "shunt-bench alltoall $verb, -c 1, $paths paths, $n ranks"
   local port=$((29700 + RANDOM % 200)) r pids=()
   local args=(--world "$n" --bootstrap "$BOOT:$port" --transport verbs -d rxe0 --verb "$verb" -b 1M -e 1M
-    --duration 8 -w 1 -c 1 --seg 256K)
+    --duration "${A2A_DUR:-8}" -w 1 -c 1 --seg 256K)
   for ((r = 1; r < n; r++)); do
     run "$name-$r" "h$((r + 1))" SHUNT_PATHS_PER_RAIL="$paths" ${A2A_ENV:-} "$BENCH" --rank $r "${args[@]}" \
       > "$TMP/$name-$r.out" 2>&1 &
@@ -96,11 +96,18 @@ a2a() {
   used=$(py "$name-0" 'print(len([p for p in rc[0]["bundle"]["paths"] if p["wrs"] > 0]))')
   [ "$used" -ge 2 ] || fail "$verb: the QP used $used shadow paths, want several (flowlet)"
   [ "$(py "$name-0" 'print(len([q for q in rc if q.get("bundle", {}).get("state", "").startswith("active")]))')" = $((n - 1)) ] ||
-    fail "not every QP of rank 0 had an active bundle"
+    { py "$name-0" 'print("\n".join("QP %s: %s" % (q["qpn"], q.get("bundle", {}).get("state", "no bundle")) for q in rc))'
+      grep -h "shunt" "$TMP/$name"-*.out | head -n 20
+      fail "not every QP of rank 0 had an active bundle"; }
 }
 a2a imm write_imm 4
 a2a send send 4
-a2a four write_imm 4 4
+# Four guests on two host cores: an iteration takes over a second and a
+# guest's CPU stalls for hundreds of ms, so probes at the default 250 ms
+# would call live paths dead (issue 37's false failures, measured in
+# docs/results.md); this part checks bundles, not detection. Its bundles
+# also take longer to set up: the run is 16 s.
+A2A_ENV="SHUNT_PATH_DEAD_MS=2000" A2A_DUR=16 a2a four write_imm 4 4
 
 note "one application QP crosses both spines (8 paths, flowlet)"
 for try in 1 2; do
