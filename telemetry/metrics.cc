@@ -212,13 +212,18 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
   if (running) x.add("shunt_socket_subflows", p, subflows);
   std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
   // Bundle paths summed per device, NIC and path index over the rank's QPs
-  // (source ports and QP numbers change with every renewal and connection).
+  // (source ports and QP numbers change with every renewal and connection);
+  // a path's counters, of a live bundle or of destroyed ones summed.
+  auto path_counters = [&](const std::string& device, const json& q) {
+    Labels l = with(p, {{"device", device}, {"nic", str(q, "nic")}, {"path", str(q, "path")}});
+    x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
+    x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+    return l;
+  };
   for (auto& b : list(m, "bundles")) {
     bundles[str(b, "state")]++;
     for (auto& q : list(b, "paths")) {
-      Labels l = with(p, {{"device", str(b, "device")}, {"nic", str(q, "nic")}, {"path", str(q, "path")}});
-      x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
-      x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
+      Labels l = path_counters(str(b, "device"), q);
       if (!running) continue;
       x.add("shunt_bundle_paths", l, 1);
       x.add("shunt_bundle_path_up", l, flag(q, "up") ? 1 : 0);
@@ -231,11 +236,7 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
     }
   }
   // Destroyed QPs' bundles, summed by the process: counters only.
-  for (auto& q : list(m, "closed_bundle_paths")) {
-    Labels l = with(p, {{"device", str(q, "device")}, {"nic", str(q, "nic")}, {"path", str(q, "path")}});
-    x.add("shunt_bundle_path_tx_bytes_total", l, u64(q, "tx_bytes"));
-    x.add("shunt_bundle_path_failures_total", l, u64(q, "fails"));
-  }
+  for (auto& q : list(m, "closed_bundle_paths")) path_counters(str(q, "device"), q);
   if (running)
     for (auto& [state, n] : bundles) x.add("shunt_bundles", with(p, {{"state", state}}), n);
   const json& ev = dict(m, "events");
