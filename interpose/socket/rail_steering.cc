@@ -343,8 +343,8 @@ void set_backup(State& s, Rail& r, bool backup, const std::string& why) {
 
 // One look: the probes' verdicts, and the subflows' health where `inband`
 // (a sock_diag dump; without it a rail keeps its last in-band verdict).
-// Returns whether the next look should dump again at once: some subflow
-// is busy or backing off, or a rail is backup (its restore waits for them).
+// Returns whether the next look should dump again at once
+// (look_again_soon).
 bool tick(State& s, bool inband) {
   std::vector<AddrHealth> health;
   std::string err;
@@ -353,8 +353,6 @@ bool tick(State& s, bool inband) {
     for (auto& r : s.rails) addrs.push_back(r.addr.addr);
     if (!s.rails.empty() && !subflow_health(addrs, s.rails[0].addr.family, &health, &err)) health.clear();
   }
-  bool moving = false;
-  for (auto& h : health) moving |= h.busy > 0 || h.backing_off > 0;
   if (s.engine) {
     for (auto& r : s.rails) r.dead.clear();
     // Liveness only: the full report() sorted every path's delays 20 times
@@ -394,8 +392,13 @@ bool tick(State& s, bool inband) {
       }
     }
   }
-  for (auto& r : s.rails) moving |= r.backup;
-  return moving;
+  std::vector<RailLook> looks(s.rails.size());
+  for (size_t i = 0; i < s.rails.size(); i++) {
+    looks[i].backup = s.rails[i].backup;
+    looks[i].probes_dead = !s.rails[i].dead.empty();
+    if (i < health.size()) looks[i].health = health[i];
+  }
+  return look_again_soon(looks);
 }
 
 void run(State& s) {

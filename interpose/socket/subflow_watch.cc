@@ -86,4 +86,12 @@ bool subflow_health(const std::vector<in6_addr>& addrs, int family, std::vector<
   return ok;
 }
 
+bool look_again_soon(const std::vector<RailLook>& rails) {
+  for (const auto& r : rails) {
+    if (r.backup && r.probes_dead) continue;
+    if (r.backup || r.health.busy > 0 || r.health.backing_off > 0) return true;
+  }
+  return false;
+}
+
 }  // namespace shunt::sock
