@@ -39,6 +39,12 @@ run() {
   done
   for _ in $(seq 300); do fab exec h1 -- test -e /tmp/$tag.ready 2>/dev/null && break; sleep 0.2; done
   sleep 4
+  # with libshunt: the shadows' ports are known once the bundle's "active"
+  # line is here (the guest's output can reach this file seconds after the
+  # shadows carried their first probes, on a busy host)
+  if [ "$mode" = with ]; then
+    for _ in $(seq 120); do grep -q "UDP source ports" "$TMP/$tag.rank0.out" && break; sleep 0.5; done
+  fi
   local shadows ports p own=
   shadows=$(sed -n 's/.*UDP source ports \([0-9,]*\)).*/\1/p' "$TMP/$tag.rank0.out" | tr ',' ' ')
   ports=$(seen)
