@@ -1068,6 +1068,8 @@ void spread_over_routers(Bundle* b) {
   }
 }
 
+// answer_abort's word for a bundle it activated already.
+constexpr const char* kActiveBundle = "the bundle is active";
 void start_stall_watch();
 void watch_resync(bool wait);
 bool rails_wanted(Bundle* b);
@@ -1165,14 +1167,23 @@ void run_setup(Bundle* b) {
     g.unlock();  // no bundle lock across the network
     auto ok = ask_peer(b, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"keep", keep}},
                        5000, &err);
+    if (config().num(Param::test_lose_activation) == 1) ok.reset(), err = "its answer lost (SHUNT_TEST_LOSE_ACTIVATION)";
     g.lock();
     if (b->dead) return;
     if (!ok || !ok->value("ok", false)) {
       err = "the peer did not activate: " + (ok ? ok->dump() : err);
       g.unlock();
-      ask_peer(b, {{"cmd", "bundle-abort"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 2000, &err);
+      std::string aerr;
+      auto ab = ask_peer(b, {{"cmd", "bundle-abort"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 2000, &aerr);
       g.lock();
-      goto failed;
+      if (b->dead) return;
+      // The peer activated and its answer was lost (a starved host): this
+      // side activates too. Left primary-only beside an active peer, it
+      // would refuse the peer's every move, and the peer would give the
+      // application its errors at the first false failure of its carrier.
+      if (!ab || ab->value("error", "") != kActiveBundle) goto failed;
+      log::info("{} QP {}: the peer's answer to the activation was lost; it is active, and so is this side",
+                b->ctx->device, b->pqp->qp_num);
     }
     settle_prim_router(b);
     activate(b);
@@ -1343,7 +1354,7 @@ json answer_abort(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b) return {{"error", "no such QP"}};
   std::lock_guard g(b->mu);
-  if (b->active.load()) return {{"error", "the bundle is active"}};
+  if (b->active.load()) return {{"error", kActiveBundle}};
   std::lock_guard l(b->lk);
   destroy_shadows(b, false);
   b->state = "primary-only: the peer gave up the setup";

@@ -244,6 +244,23 @@ limit() {
 limit 0 -1 0
 limit -1 2 2
 
+note "the peer's answer to the activation lost: both ends active all the same"
+# h1 sets the bundle up (its GID is the lower). Left primary-only beside an
+# active peer, it would refuse the peer's every move, and the peer would
+# give its application errors at its carrier's first failure.
+run lose-srv h2 ib_write_bw -d rxe0 -F -x "$gid" -n 600 > "$TMP/srv.out" 2>&1 &
+srv=$!
+wait_port h2 18515 "$TMP/srv.out"
+run lose-cli h1 SHUNT_TEST_LOSE_ACTIVATION=1 ib_write_bw -d rxe0 -F -x "$gid" -n 600 "$dst" > "$TMP/cli.out" 2>&1 ||
+  { cat "$TMP/cli.out"; fail "ib_write_bw with the activation's answer lost"; }
+wait $srv || { cat "$TMP/srv.out"; fail "server with the activation's answer lost"; }
+stats h1 lose-cli
+stats h2 lose-srv
+got="$(py lose-cli 'print(rc[0]["bundle"]["state"])') / $(py lose-srv 'print(rc[0]["bundle"]["state"])')"
+echo "client / server: $got"
+[[ $got == "active"*" / active"* ]] || fail "want both ends active, got: $got"
+grep -q "answer to the activation was lost" "$TMP/cli.out" || fail "no log line says why"
+
 note "no job key: no bundle at all (nothing to authenticate the peer with)"
 nokey() {
   fab exec "$1" -- timeout 150 env LD_PRELOAD="$LIB" SHUNT_MODE=active SHUNT_SPREAD=flowlet SHUNT_LOG_LEVEL=info \
