@@ -119,6 +119,11 @@ PathStats PathView::stats(int64_t now) const {
     return std::clamp(1 - got / sent, 0.0, 1.0);
   };
   s.fwd_loss = loss(fb_, nfb_, hfb_);
+  if (nfb_ > 0) {
+    const Count& newest = fb_[(hfb_ + 63) % 64];
+    s.acked_sent = newest.sent_upto;
+    s.acked_rx = newest.rx;
+  }
   s.rev_loss = loss(rc_, nrc_, hrc_);
   if (!alive_ && now - s.last_heard_ns > window_) s.fwd_loss = 1;
   return s;

@@ -32,6 +32,11 @@ struct PathStats {
   double fwd_loss = 0, rev_loss = 0;        // fraction of probes lost in the window
   uint64_t sent = 0, received = 0;          // probes, since start
   int64_t last_heard_ns = 0;                // local time of the last proof of life
+  // From the peer's newest feedback, since the path began: our probes up to
+  // the newest it saw, and how many of them it got (two readings of these
+  // give the loss between them, free of the window's length).
+  uint64_t acked_sent = 0;
+  uint64_t acked_rx = 0;
   uint32_t delay_samples = 0;
   CongestionState fwd_queue;  // queueing us -> peer, from the forward delays
 };

@@ -17,8 +17,6 @@
 namespace shunt::verbs {
 
 namespace {
-constexpr uint16_t kRoceV2Port = 4791;
-
 // The offender of one ICMP time exceeded in fd's error queue, or "".
 std::string read_offender(int fd, bool* reached) {
   char data[64], ctl[512];
@@ -56,10 +54,11 @@ int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t l
   return std::min(cap, std::max(start_ms + wait_ms, last_new_ms + grace));
 }
 
-int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl) {
+int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl,
+             uint16_t dst_port) {
   sockaddr_in dst{}, src{};
   dst.sin_family = src.sin_family = AF_INET;
-  dst.sin_port = htons(kRoceV2Port);
+  dst.sin_port = htons(dst_port);
   src.sin_port = htons(sport);
   if (inet_pton(AF_INET, remote_ip.c_str(), &dst.sin_addr) != 1 ||
       inet_pton(AF_INET, local_ip.c_str(), &src.sin_addr) != 1 || ttl < 1)
@@ -90,14 +89,15 @@ bool hop_answer(int fd, std::string* hop) {
 }
 
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
-                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms) {
+                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms,
+                                       uint16_t dst_port) {
   std::vector<std::string> out(sports.size());
   if (wait_ms <= 0) return out;  // (bad addresses or TTL: hop_send sends nothing)
   std::vector<int> fds(sports.size(), -1);
   std::vector<pollfd> pfd;
   std::vector<size_t> of;
   for (size_t i = 0; i < sports.size(); i++) {
-    const int fd = hop_send(local_ip, remote_ip, sports[i], ttl);
+    const int fd = hop_send(local_ip, remote_ip, sports[i], ttl, dst_port);
     if (fd < 0) continue;
     fds[i] = fd;
     pfd.push_back({fd, 0, 0});  // POLLERR is always reported

@@ -26,16 +26,20 @@ namespace shunt::verbs {
 // For each source port: the address of the router `ttl` hops out on the way
 // from local_ip to remote_ip:4791, or "" (no answer in time, the port taken
 // by another socket, or the datagram reached the peer itself). It waits
-// until discovery_deadline, or at most max_ms where that is >= 0.
+// until discovery_deadline, or at most max_ms where that is >= 0. Another
+// dst_port finds the path of datagrams to that port instead (where the
+// routers hash the destination port too, it is not RoCE's).
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
-                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms = -1);
+                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms = -1,
+                                       uint16_t dst_port = 4791);
 
 // One port's datagram, answered later (a caller that must not wait): the
 // socket it went from, or -1 (the port taken by another socket, no route).
 // hop_answer reads it without waiting: true once the router answered (*hop
 // its address) or the datagram reached the peer (*hop ""); the caller
 // closes the socket.
-int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl);
+int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl,
+             uint16_t dst_port = 4791);
 bool hop_answer(int fd, std::string* hop);
 
 // How long hops_of_ports waits for answers, started at start_ms, with
