@@ -5,12 +5,15 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "interpose/peer/channel.h"
 #include "tools/shunt-audit/facts.h"
+#include "tools/shunt-audit/mesh.h"
 #include "tools/shunt-audit/report.h"
 #include "tools/shunt-audit/verdict.h"
 
@@ -28,15 +31,16 @@ class Driver {
     if (!join()) return kExitCannotRun;
     std::vector<audit::Measurement> ms;
     if (!o_.no_backend) ms = backend();
+    audit::Mesh mesh = probe_mesh();
     progress("counters");
     std::vector<json> after;
     for (size_t i = 0; i < n_; i++)
       after.push_back(ask_or_null(i, {{"cmd", "audit_counters"}}, 20000));
-    audit::Node tree = audit::evaluate(facts_, names_, after, ms, o_.t);
+    audit::Node tree = audit::evaluate(facts_, names_, after, ms, o_.t, &mesh);
     audit::Judged j = audit::judge_backend(ms, o_.t, names_);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress_end();
-    json rep = audit::report_json(tree, names_, o_.hosts, facts_, ms, j, secs);
+    json rep = audit::report_json(tree, names_, o_.hosts, facts_, ms, j, secs, &mesh, o_.t);
     bool ok = true;
     if (!o_.json_out.empty()) ok &= write(o_.json_out, rep.dump(2) + "\n");
     if (!o_.html_out.empty()) ok &= write(o_.html_out, audit::report_html(rep));
@@ -213,6 +217,128 @@ class Driver {
       }
     }
     return ms;
+  }
+
+  // The probe mesh, after the measurements so that nothing else loads the
+  // paths: every host's probe engine probes every other host on every rail
+  // both have up, from the probe port and from a source port through each
+  // spine that path discovery finds (for the probes' own destination port). Loss is read from the
+  // feedback counters twice, after a warm-up and --probe-s later, from the sender's own view (no
+  // two hosts' readings are compared, so when each was taken does not matter).
+  audit::Mesh probe_mesh() {
+    audit::Mesh mesh;
+    if (o_.probe_s <= 0) return mesh;
+    size_t nrails = 0;
+    for (auto& r : rails_) nrails = std::max(nrails, r.size());
+    json hosts = json::array();
+    for (size_t h = 0; h < n_; h++) {
+      json a = json::array();
+      for (size_t r = 0; r < nrails; r++)
+        a.push_back(r < rails_[h].size() && rails_[h][r].active ? rails_[h][r].ipv4 : "");
+      hosts.push_back({{"addrs", a}});
+    }
+    auto stop = [&] {
+      for (size_t h = 0; h < n_; h++) ask_or_null(h, {{"cmd", "audit_mesh_stop"}}, 5000);
+    };
+    progress("probe mesh: finding each host's paths through the spines");
+    // Every host at once: each finds its own source paths first.
+    std::vector<std::future<json>> started;
+    for (size_t h = 0; h < n_; h++)
+      started.push_back(std::async(std::launch::async, [&, h] {
+        return ask_or_null(h,
+                           {{"cmd", "audit_mesh_start"},
+                            {"hosts", hosts},
+                            {"discovery_ms", o_.discovery_ms},
+                            {"port", o_.probe_port},
+                            {"interval_ms", o_.probe_ms}},
+                           60000);
+      }));
+    for (size_t h = 0; h < n_; h++) {
+      json r = started[h].get();
+      if (r.is_null() && mesh.error.empty())
+        mesh.error = names_[h] + " could not start its probe engine";
+      for (auto& e : r.is_object() ? r.value("errors", json::array()) : json::array())
+        std::cerr << "shunt-audit: " << names_[h] << ": source path " << e.get<std::string>()
+                  << "\n";
+    }
+    if (!mesh.error.empty()) {
+      stop();
+      return mesh;
+    }
+    auto reports = [&] {
+      std::vector<json> out;
+      for (size_t h = 0; h < n_; h++)
+        out.push_back(ask_or_null(h, {{"cmd", "audit_mesh_report"}}, 15000));
+      return out;
+    };
+    auto wait = [&](double secs, const char* what) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(secs);
+      while (std::chrono::steady_clock::now() < until) {
+        progress(fmt::format("probe mesh: {}", what));
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+    };
+    wait(3, "warming up");
+    auto t1 = std::chrono::steady_clock::now();
+    std::vector<json> before = reports();
+    wait(o_.probe_s, "probing every path");
+    std::vector<json> after = reports();
+    mesh.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    stop();
+    // One path's counters out of a report: its rail entry, or the source
+    // path with that rail and port.
+    auto find = [](const json& rep, size_t peer, int rail, int port) -> json {
+      if (!rep.is_object()) return nullptr;
+      for (auto& p : rep.value("peers", json::array())) {
+        if (p.value("host", -1) != static_cast<int>(peer)) continue;
+        if (!port) return rail < static_cast<int>(p["rails"].size()) ? p["rails"][rail] : json();
+        for (auto& s : p["sources"])
+          if (s.value("rail", -1) == rail && s.value("port", -1) == port) return s;
+      }
+      return nullptr;
+    };
+    auto add = [&](size_t a, size_t b, int rail, int port, const std::string& router) {
+      audit::ProbedPath p{static_cast<int>(a), static_cast<int>(b), rail, router, port};
+      json x = find(after[a], b, rail, port), y = find(before[a], b, rail, port);
+      if (x.is_object()) {
+        double sent = x.value("sent", 0.0) - (y.is_object() ? y.value("sent", 0.0) : 0.0);
+        double rx = x.value("rx", 0.0) - (y.is_object() ? y.value("rx", 0.0) : 0.0);
+        p.heard = rx > 0;
+        p.loss = sent > 0 ? std::clamp(1 - rx / sent, 0.0, 1.0) : 1.0;
+        double owd = x.value("owd_ns", -1.0);
+        p.owd_us = owd >= 0 ? owd / 1000 : -1;
+      }
+      mesh.paths.push_back(p);
+    };
+    for (size_t a = 0; a < n_; a++)
+      for (size_t b = 0; b < n_; b++) {
+        if (a == b) continue;
+        for (size_t r = 0; r < nrails; r++)
+          if (!hosts[a]["addrs"][r].get<std::string>().empty() &&
+              !hosts[b]["addrs"][r].get<std::string>().empty())
+            add(a, b, static_cast<int>(r), 0, "");
+      }
+    // The source paths each host found, by the routers it found them through.
+    for (size_t a = 0; a < n_; a++)
+      if (after[a].is_object())
+        for (auto& p : after[a].value("peers", json::array()))
+          for (auto& sp : p.value("sources", json::array())) {
+            int b = p.value("host", -1);
+            if (b < 0 || b >= static_cast<int>(n_)) continue;
+            add(a, b, sp.value("rail", 0), sp.value("port", 0), sp.value("router", ""));
+          }
+    mesh.clocks.assign(n_, audit::HostClock{});
+    mesh.clocks[0].valid = true;
+    if (after[0].is_object())
+      for (auto& p : after[0].value("peers", json::array())) {
+        int h = p.value("host", -1);
+        json c = p.value("clock", json::object());
+        if (h <= 0 || h >= static_cast<int>(n_) || !c.value("valid", false)) continue;
+        mesh.clocks[h] = {true, c.value("offset_ns", 0.0) / 1e6,
+                          c.value("rough", false) ? -1.0 : c.value("bound_ns", 0.0) / 1e3};
+      }
+    mesh.ran = true;
+    return mesh;
   }
 
   void progress(const std::string& s) {

@@ -6,6 +6,7 @@
 #include <link.h>
 #include <net/if.h>
 #include <sys/resource.h>
+#include <sys/timex.h>
 #include <sys/utsname.h>
 
 #include <algorithm>
@@ -226,6 +227,13 @@ json host_facts(const std::vector<std::string>& devices) {
                   {"cap_ipc_lock", cap_ipc_lock()}};
   f["nccl"] = find_nccl();
   f["shunt_preloaded"] = shunt_loaded();
+  // Whether something (chrony, ntpd, ptp4l's phc2sys) disciplines the
+  // system clock: the kernel's own flag, read without changing anything.
+  timex tx{};
+  int state = adjtimex(&tx);
+  f["clock"] = {{"synchronized", state != -1 && state != TIME_ERROR && !(tx.status & STA_UNSYNC)},
+                {"maxerror_us", tx.maxerror},
+                {"ptp_clocks", static_cast<int>(list_dir("/sys/class/ptp").size())}};
   f["devices"] = json::array();
   for (auto& d : device_names(devices)) f["devices"].push_back(device_facts(d));
   return f;

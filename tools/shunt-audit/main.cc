@@ -123,6 +123,12 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout_s, "Seconds an instance waits for the driver's verdict")
       ->check(CLI::Range(1, 86400));
   app.add_flag("--no-backend", o.no_backend, "Host checks only: no RC connections");
+  app.add_option("--probe-s", o.probe_s, "Seconds the probe mesh measures loss and delay (0: none)")
+      ->check(CLI::Range(0, 3600));
+  app.add_option("--probe-port", o.probe_port, "UDP port of the probe mesh")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--probe-ms", o.probe_ms, "Milliseconds between a path's probe pairs")
+      ->check(CLI::Range(5, 1000));
   app.add_option("--bw-warn", t.bw_warn_frac,
                  "Bandwidth below this fraction of the rail's median warns")
       ->check(CLI::Range(0.0, 1.0));
@@ -141,6 +147,16 @@ int main(int argc, char** argv) {
   app.add_option(
          "--retrans-warn", t.retrans_warn,
          "A retransmit counter rising by more than this (and 5x the fleet's median rise) warns")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--loss-warn", t.loss_warn, "A path losing this share of its probes warns")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--loss-fail", t.loss_fail, "... fails")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--clock-warn-ms", t.clock_warn_ms,
+                 "A host's clock this many ms from the fleet's median warns")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--clock-fail-ms", t.clock_fail_ms, "... fails")->check(CLI::NonNegativeNumber);
+  app.add_option("--clock-bound-us", t.clock_bound_warn_us,
+                 "The probes' bound on a host's clock offset above this many us warns")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--memlock-floor", t.memlock_floor,
                  "Memory lock limit (bytes) below which a host warns")
@@ -162,7 +178,7 @@ int main(int argc, char** argv) {
     return audit::kExitCannotRun;
   }
   auto k = shunt::peer::job_key_from(key);
-  audit::Server server(o, k, rank);
+  audit::Server server(o, k, shunt::clocksync::derive_probe_key(key), rank);
   // On its own address of --hosts: the one the others reach it by (and
   // several instances can share one machine on loopback addresses).
   if (!shunt::peer::start_listener(o.hosts[rank], o.port, k,

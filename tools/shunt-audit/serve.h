@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "clocksync/engine.h"
 #include "interpose/peer/wire.h"
 #include "tools/shunt-audit/facts.h"
 #include "tools/shunt-audit/options.h"
@@ -22,12 +23,17 @@ namespace audit {
 using nlohmann::json;
 
 // What every instance answers on the audit port (the driver's own too).
-// At most kMaxEndpoints measurement endpoints are open at once: whoever
-// holds the key cannot make it pin unbounded memory.
+// At most kMaxEndpoints measurement endpoints are open at once, and at most
+// kMaxMeshPaths source paths probed: whoever holds the key cannot make it
+// pin unbounded memory.
 constexpr size_t kMaxEndpoints = 16;
+constexpr size_t kMaxMeshPaths = 4096;
 class Server {
  public:
-  Server(const Options& o, const shunt::peer::Key& key, int rank) : o_(o), key_(key), rank_(rank) {}
+  // probe_key: the probe mesh's (clocksync::derive_probe_key of the job's key).
+  Server(const Options& o, const shunt::peer::Key& key, const shunt::clocksync::Key& probe_key,
+         int rank)
+      : o_(o), key_(key), rank_(rank), probe_key_(probe_key) {}
   json handle(const json& req) {
     try {
       return dispatch(req);
@@ -44,6 +50,10 @@ class Server {
 
  private:
   json dispatch(const json& req);
+  // The probe mesh: this host's probe engine to every other host, on every
+  // rail both ends probe, and from the source ports the driver names.
+  json mesh_start(const json& req);
+  json mesh_report() const;
   const audit::PortRef& rail(int r) {
     if (rails_.empty()) rails_ = audit::rails(audit::host_facts(o_.devices));
     if (r < 0 || r >= static_cast<int>(rails_.size()))
@@ -61,6 +71,13 @@ class Server {
   int rank_;
   std::vector<audit::PortRef> rails_;
   std::map<int, std::unique_ptr<audit::RcEndpoint>> eps_;  // only the listener thread touches these
+  shunt::clocksync::Key probe_key_;
+  std::unique_ptr<shunt::clocksync::ProbeEngine> mesh_;  // the listener thread's too
+  struct MeshSource {
+    int peer, rail, port, id;
+    std::string router;  // two hops out, as discovery found it for the probes' destination port
+  };
+  std::vector<MeshSource> mesh_sources_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -8,6 +8,8 @@
 #include <set>
 #include <tuple>
 
+#include "tools/shunt-audit/mesh.h"
+
 using nlohmann::json;
 
 namespace audit {
@@ -212,7 +214,7 @@ bool is_retransmit(const std::string& c) {
 
 Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& names,
               const std::vector<json>& after, const std::vector<Measurement>& ms,
-              const Thresholds& t) {
+              const Thresholds& t, const Mesh* mesh) {
   size_t n = facts.size();
   Node root{"fleet"};
   // ---------------------------------------------------------------- software
@@ -244,6 +246,14 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
         mp.children[i].status = Status::warn,
         mp.children[i].detail += ": shunt's socket rails need net.mptcp.enabled=1";
   }
+  sw.add(same_everywhere("system clock", column([](const json& f) {
+                           auto c = f.value("clock", json::object());
+                           if (c.empty()) return std::string("unknown");
+                           return std::string(c.value("synchronized", false)
+                                                  ? "synchronized (NTP or PTP)"
+                                                  : "not synchronized by NTP or PTP");
+                         }),
+                         names, Status::warn));
   {
     Node& ml = sw.add({"memlock limit"});
     for (size_t i = 0; i < n; i++) {
@@ -295,6 +305,17 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
   for (size_t i = 0; i < ms.size(); i++)
     if (!j.note[i].empty())
       crossed[{ms[i].src, ms[i].rail}] = crossed[{ms[i].dst, ms[i].rail}] = j.note[i];
+  const bool probed = mesh && mesh->ran;
+  MeshJudged mj;
+  if (probed) {
+    mj = judge_mesh(*mesh, t, names);
+    for (size_t i = 0; i < mesh->paths.size(); i++)
+      if (!mj.note[i].empty()) {
+        auto& p = mesh->paths[i];
+        for (auto k : {std::make_pair(p.src, p.rail), std::make_pair(p.dst, p.rail)})
+          if (!crossed.count(k)) crossed[k] = mj.note[i];
+      }
+  }
   // Fleet values of every port attribute that must agree, over ACTIVE ports.
   std::map<std::string, std::vector<std::string>> fleet;
   auto ports_of = [](const json& f) {
@@ -455,7 +476,11 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
       pairs.add(std::move(p));
     }
   }
-  if (rails.empty()) be.detail = "no measurement";
+  if (probed)
+    add_mesh_nodes(be, *mesh, mj, names, facts);
+  else if (mesh && !mesh->error.empty())
+    be.add({"probe mesh", Status::warn, "did not run: " + mesh->error});
+  if (rails.empty() && !probed) be.detail = "no measurement";
   root.roll_up();
   size_t fails = 0, warns = 0;
   std::function<void(const Node&)> count = [&](const Node& x) {

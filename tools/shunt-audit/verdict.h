@@ -49,6 +49,11 @@ struct Thresholds {
   // Memory lock limit below this (bytes) warns, unless unlimited or exempt (CAP_IPC_LOCK).
   double memlock_floor = 64.0 * 1024 * 1024;
   bool expect_nccl = false;  // NCCL missing on a host fails (default: noted only)
+  // Probe loss on a path (a share of its probes): at or above warns (fails).
+  double loss_warn = 0.01, loss_fail = 0.05;
+  // A host's clock this far from the fleet's median offset (ms) warns
+  // (fails); shunt's estimate of it less sure than clock_bound_warn_us warns.
+  double clock_warn_ms = 100, clock_fail_ms = 60000, clock_bound_warn_us = 1000;
 };
 
 // Where v stands against the fleet's median m (higher is better).
@@ -79,6 +84,8 @@ struct LinkFault {
   std::string router;
   Status status = Status::warn;
   double mbps = 0, fleet_mbps = 0;
+  double loss = -1;      // found by the probe mesh: the share of probes lost (-1: by bandwidth)
+  bool inbound = false;  // lossy towards the host (from the others), not from it
 };
 
 struct Judged {
@@ -92,10 +99,13 @@ struct Judged {
 Judged judge_backend(const std::vector<Measurement>& m, const Thresholds& t,
                      const std::vector<std::string>& names = {});
 
+struct Mesh;  // mesh.h
+
 // The whole tree: facts[i] is host i's report (facts.h's shape), names[i]
-// its name; before/after its counters at the start and end of the audit.
+// its name; before/after its counters at the start and end of the audit;
+// the probe mesh's results where it ran.
 Node evaluate(const std::vector<nlohmann::json>& facts, const std::vector<std::string>& names,
               const std::vector<nlohmann::json>& counters_after, const std::vector<Measurement>& m,
-              const Thresholds& t);
+              const Thresholds& t, const Mesh* mesh = nullptr);
 
 }  // namespace audit
