@@ -7,10 +7,12 @@
 #   root's, both hosts' facts, each reaching the other's audit port;
 # - the HTML report is one self-contained page: the verdict, a list item
 #   per node of the tree, no script, style sheet or image from elsewhere,
-#   every element closed;
+#   every element closed; and Debian's Chromium, headless and in a network
+#   namespace of its own (loopback only), renders it: its DOM has the
+#   verdict and every node, and its screenshot is not blank;
 # - an instance with another job key is not let in: the driver gives up
 #   after --join-time with status 3 and says which host did not answer.
-# timeout: 90
+# timeout: 120
 . "$(dirname "$0")/../lib.sh"
 AUDIT=$B/bin/shunt-audit
 [ -x "$AUDIT" ] || fail "no $AUDIT (make)"
@@ -91,6 +93,45 @@ assert p.verdict == r["verdict"], "verdict %s, JSON %s" % (p.verdict, r["verdict
 assert p.li == count(r["tree"]), "%d list items, %d nodes" % (p.li, count(r["tree"]))
 assert not p.ext, "loads from elsewhere: %s" % p.ext
 print("HTML: balanced, %d nodes, nothing external" % p.li)
+PY
+
+# Rendered by a real browser (installed by `make deps`).
+command -v chromium >/dev/null || fail "no chromium (make deps installs it)"
+render() {  # render FLAG...: chromium, headless, with no network but loopback
+  unshare -n timeout 60 chromium --headless --no-sandbox --disable-gpu --no-first-run \
+    --user-data-dir="$TMP/chromium" --window-size=1024,768 "$@" "file://$TMP/r.html" 2>> "$TMP/chromium.err"
+}
+render --dump-dom > "$TMP/dom.html" || { tail -5 "$TMP/chromium.err"; fail "chromium could not render the report"; }
+(cd "$TMP" && render --screenshot="$TMP/shot.png") > /dev/null || { tail -5 "$TMP/chromium.err"; fail "no screenshot"; }
+python3 - "$TMP/r.json" "$TMP/dom.html" "$TMP/shot.png" <<'PY' || fail "the rendered report"
+import json, sys, html.parser, struct, zlib
+r = json.load(open(sys.argv[1]))
+def count(n): return 1 + sum(count(c) for c in n.get("children", []))
+class P(html.parser.HTMLParser):
+    def __init__(s):
+        super().__init__(); s.li = 0; s.verdict = None; s.text = []
+    def handle_starttag(s, t, a):
+        a = dict(a)
+        if t == "p" and a.get("id") == "verdict": s.verdict = a.get("class")
+        if t == "li": s.li += 1
+    def handle_data(s, d): s.text.append(d)
+p = P(); p.feed(open(sys.argv[2]).read())
+assert p.verdict == r["verdict"], "rendered verdict %s, JSON %s" % (p.verdict, r["verdict"])
+assert p.li == count(r["tree"]), "rendered %d list items, %d nodes" % (p.li, count(r["tree"]))
+assert "Software" in "".join(p.text), "no tree in the rendered page"
+# The screenshot: a PNG whose pixels are not all one colour.
+png = open(sys.argv[3], "rb").read()
+assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+i, idat, w = 8, b"", 0
+while i < len(png):
+    n, kind = struct.unpack(">I4s", png[i:i + 8])
+    if kind == b"IHDR": w = struct.unpack(">I", png[i + 8:i + 12])[0]
+    if kind == b"IDAT": idat += png[i + 8:i + 8 + n]
+    i += 12 + n
+raw = zlib.decompress(idat)
+colours = len(set(raw[1:1 + 4 * w]) | set(raw[len(raw) // 2:len(raw) // 2 + 4 * w]))
+assert colours > 2, "the screenshot is blank"
+print("rendered by chromium: verdict %s, %d nodes, %d-byte screenshot" % (p.verdict, p.li, len(png)))
 PY
 
 # Another key: the driver never gets that host's facts.

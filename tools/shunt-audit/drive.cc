@@ -230,6 +230,7 @@ class Driver {
     if (o_.probe_s <= 0) return mesh;
     size_t nrails = 0;
     for (auto& r : rails_) nrails = std::max(nrails, r.size());
+    if (nrails == 0) return mesh;  // no RDMA port anywhere: nothing to probe
     json hosts = json::array();
     for (size_t h = 0; h < n_; h++) {
       json a = json::array();
