@@ -129,18 +129,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65535));
   app.add_option("--probe-ms", o.probe_ms, "Milliseconds between a path's probe pairs")
       ->check(CLI::Range(5, 1000));
-  app.add_option("--bw-warn", t.bw_warn_frac,
-                 "Bandwidth below this fraction of the rail's median warns")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--bw-fail", t.bw_fail_frac, "... fails")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--bw-floor-warn", t.bw_warn_floor,
-                 "Bandwidth below this many MB/s warns, whatever the fleet")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--bw-floor-fail", t.bw_fail_floor, "... fails")->check(CLI::NonNegativeNumber);
-  app.add_option("--lat-warn", t.lat_warn_mult,
-                 "Latency above this multiple of the rail's median warns")
-      ->check(CLI::Range(1.0, 1e6));
-  app.add_option("--lat-fail", t.lat_fail_mult, "... fails")->check(CLI::Range(1.0, 1e6));
+  // A threshold that warns and its twin that fails, checked alike.
+  auto pair = [&](const char* warn, const char* fail, double* w, double* f, const char* help,
+                  const CLI::Validator& v) {
+    app.add_option(warn, *w, help)->check(v);
+    app.add_option(fail, *f, "... fails")->check(v);
+  };
+  pair("--bw-warn", "--bw-fail", &t.bw_warn_frac, &t.bw_fail_frac,
+       "Bandwidth below this fraction of the rail's median warns", CLI::Range(0.0, 1.0));
+  pair("--bw-floor-warn", "--bw-floor-fail", &t.bw_warn_floor, &t.bw_fail_floor,
+       "Bandwidth below this many MB/s warns, whatever the fleet", CLI::NonNegativeNumber);
+  pair("--lat-warn", "--lat-fail", &t.lat_warn_mult, &t.lat_fail_mult,
+       "Latency above this multiple of the rail's median warns", CLI::Range(1.0, 1e6));
   app.add_option("--lat-slack-us", t.lat_slack_us,
                  "Latency within this many us of the median always passes")
       ->check(CLI::NonNegativeNumber);
@@ -148,13 +148,10 @@ int main(int argc, char** argv) {
          "--retrans-warn", t.retrans_warn,
          "A retransmit counter rising by more than this (and 5x the fleet's median rise) warns")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--loss-warn", t.loss_warn, "A path losing this share of its probes warns")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--loss-fail", t.loss_fail, "... fails")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--clock-warn-ms", t.clock_warn_ms,
-                 "A host's clock this many ms from the fleet's median warns")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--clock-fail-ms", t.clock_fail_ms, "... fails")->check(CLI::NonNegativeNumber);
+  pair("--loss-warn", "--loss-fail", &t.loss_warn, &t.loss_fail,
+       "A path losing this share of its probes warns", CLI::Range(0.0, 1.0));
+  pair("--clock-warn-ms", "--clock-fail-ms", &t.clock_warn_ms, &t.clock_fail_ms,
+       "A host's clock this many ms from the fleet's median warns", CLI::NonNegativeNumber);
   app.add_option("--clock-bound-us", t.clock_bound_warn_us,
                  "The probes' bound on a host's clock offset above this many us warns")
       ->check(CLI::NonNegativeNumber);
