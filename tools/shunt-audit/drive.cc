@@ -249,6 +249,7 @@ class Driver {
         return ask_or_null(h,
                            {{"cmd", "audit_mesh_start"},
                             {"hosts", hosts},
+                            {"candidates", std::min(o_.candidates, 4)},
                             {"discovery_ms", o_.discovery_ms},
                             {"port", o_.probe_port},
                             {"interval_ms", o_.probe_ms}},

@@ -40,6 +40,8 @@ json Server::mesh_start(const json& req) {
   auto addrs = [&](size_t h) {
     std::vector<std::string> a;
     for (auto& x : hosts[h].at("addrs")) a.push_back(x.get<std::string>());
+    if (a.size() > kMaxMeshRails)
+      throw std::runtime_error("mesh: more rails than " + std::to_string(kMaxMeshRails));
     return a;
   };
   cs::EngineConfig c;

@@ -24,10 +24,10 @@ using nlohmann::json;
 
 // What every instance answers on the audit port (the driver's own too).
 // At most kMaxEndpoints measurement endpoints are open at once, and at most
-// kMaxMeshPaths source paths probed: whoever holds the key cannot make it
-// pin unbounded memory.
+// kMaxMeshPaths source paths probed on kMaxMeshRails rails: whoever holds
+// the key cannot make it pin unbounded memory or sockets.
 constexpr size_t kMaxEndpoints = 16;
-constexpr size_t kMaxMeshPaths = 4096;
+constexpr size_t kMaxMeshPaths = 4096, kMaxMeshRails = 64;
 class Server {
  public:
   // probe_key: the probe mesh's (clocksync::derive_probe_key of the job's key).
