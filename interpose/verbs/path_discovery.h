@@ -23,6 +23,8 @@
 
 namespace shunt::verbs {
 
+constexpr uint16_t kRoceV2Port = 4791;  // RoCE v2's UDP destination port
+
 // For each source port: the address of the router `ttl` hops out on the way
 // from local_ip to remote_ip:4791, or "" (no answer in time, the port taken
 // by another socket, or the datagram reached the peer itself). It waits
@@ -30,8 +32,8 @@ namespace shunt::verbs {
 // dst_port finds the path of datagrams to that port instead (where the
 // routers hash the destination port too, it is not RoCE's).
 std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::string& remote_ip,
-                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms, int max_ms = -1,
-                                       uint16_t dst_port = 4791);
+                                       const std::vector<uint16_t>& sports, int ttl, int wait_ms,
+                                       int max_ms = -1, uint16_t dst_port = kRoceV2Port);
 
 // One port's datagram, answered later (a caller that must not wait): the
 // socket it went from, or -1 (the port taken by another socket, no route).
@@ -39,7 +41,7 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
 // its address) or the datagram reached the peer (*hop ""); the caller
 // closes the socket.
 int hop_send(const std::string& local_ip, const std::string& remote_ip, uint16_t sport, int ttl,
-             uint16_t dst_port = 4791);
+             uint16_t dst_port = kRoceV2Port);
 bool hop_answer(int fd, std::string* hop);
 
 // How long hops_of_ports waits for answers, started at start_ms, with

@@ -32,51 +32,26 @@ std::string pct(double f) {
   return fmt::format("{:.1f}%", 100 * f);
 }
 
-// Lossy paths grouped by their sender and rail, then by router: where the
-// sender loses on every router its NIC or its link to the leaf is named;
-// otherwise each router it loses through names the link between its leaf
-// and that router (the router is that link's spine end). Paths already
-// excused count as lossless.
+// Lossy paths grouped by their sender and rail, then by router
+// (find_links): where the sender loses on every router its NIC or its link
+// to the leaf is named; otherwise each router it loses through names the
+// link between its leaf and that router (the router is that link's spine
+// end).
 void by_sender(const Mesh& m, const Thresholds& t, const std::vector<std::string>& names,
                MeshJudged* out) {
-  const auto& ps = m.paths;
-  std::map<std::pair<int, int>, std::map<std::string, std::vector<size_t>>> groups;
-  for (size_t i = 0; i < ps.size(); i++) groups[{ps[i].src, ps[i].rail}][ps[i].router].push_back(i);
-  for (auto& [k, by_router] : groups) {
-    auto [host, rail] = k;
-    std::map<std::string, double> med;
-    double best = 2;
-    size_t count = 0;
-    for (auto& [router, idx] : by_router) {
-      std::vector<double> v;
-      for (size_t i : idx) v.push_back(ps[i].heard ? ps[i].loss : 1.0);
-      med[router] = median(v);
-      best = std::min(best, med[router]);
-      count += idx.size();
-    }
-    if (Status s = judge_loss(best, t); s != Status::pass) {
-      if (count < 2) continue;  // one path: that pair, nothing to tell a link by
-      LinkFault l{host, rail, "", s};
-      l.loss = best;
-      out->links.push_back(l);
-      for (auto& [router, idx] : by_router)
-        excuse(idx,
-               fmt::format("lossy from {} on every path: its NIC or its link to the leaf",
-                           name_of(names, host)),
-               out);
-      continue;
-    }
-    for (auto& [router, idx] : by_router) {
-      Status s = judge_loss(med[router], t);
-      if (router.empty() || s == Status::pass) continue;
-      LinkFault l{host, rail, router, s};
-      l.loss = med[router];
-      out->links.push_back(l);
-      excuse(idx,
-             fmt::format("lossy through the link between {}'s leaf and {}", name_of(names, host),
-                         router),
-             out);
-    }
+  std::vector<PathValue> pv;
+  for (auto& p : m.paths) pv.push_back({p.src, p.rail, p.router, p.heard ? p.loss : 1.0});
+  for (auto& f : find_links(pv, false, [&](double loss, int) { return judge_loss(loss, t); })) {
+    LinkFault l{f.host, f.rail, f.router, f.status};
+    l.loss = f.value;
+    out->links.push_back(l);
+    excuse(f.idx,
+           f.router.empty()
+               ? fmt::format("lossy from {} on every path: its NIC or its link to the leaf",
+                             name_of(names, f.host))
+               : fmt::format("lossy through the link between {}'s leaf and {}",
+                             name_of(names, f.host), f.router),
+           out);
   }
 }
 

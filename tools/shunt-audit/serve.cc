@@ -20,6 +20,17 @@ bool reachable(const std::string& addr, int port, const shunt::peer::Key& key) {
   return r && r->value("ok", false);
 }
 
+// n candidate source ports from local to peer and, for each, the router
+// two hops out (a spine) that datagrams to dst_port take from it ("" none).
+std::pair<std::vector<uint16_t>, std::vector<std::string>> spines_of(const std::string& local,
+                                                                     const std::string& peer, int n,
+                                                                     int wait_ms,
+                                                                     uint16_t dst_port) {
+  auto ports = shunt::verbs::candidate_ports(local, peer, n, std::random_device{}());
+  auto hops = shunt::verbs::hops_of_ports(local, peer, ports, 2, wait_ms, 5 * wait_ms, dst_port);
+  return {ports, hops};
+}
+
 std::string mesh_name(size_t host) {
   return "h" + std::to_string(host);
 }
@@ -86,9 +97,7 @@ json Server::mesh_start(const json& req) {
           continue;
         auto& by_router = found[{h, r}];
         if (by_router.size() >= 2) continue;
-        auto ports = shunt::verbs::candidate_ports(mine[r], theirs[r], n, std::random_device{}());
-        auto hops =
-            shunt::verbs::hops_of_ports(mine[r], theirs[r], ports, 2, wait, 5 * wait, c.port);
+        auto [ports, hops] = spines_of(mine[r], theirs[r], n, wait, c.port);
         for (size_t k = 0; k < hops.size() && k < ports.size(); k++)
           if (!hops[k].empty()) by_router.emplace(hops[k], ports[k]);
       }
@@ -162,8 +171,7 @@ json Server::dispatch(const json& req) {
     std::string peer = req.at("peer").get<std::string>();
     int n = std::clamp(req.value("n", 6), 1, 32),
         wait = std::clamp(req.value("wait_ms", 200), 10, 5000);
-    auto ports = shunt::verbs::candidate_ports(r.ipv4, peer, n, std::random_device{}());
-    auto hops = shunt::verbs::hops_of_ports(r.ipv4, peer, ports, 2, wait, 5 * wait);
+    auto [ports, hops] = spines_of(r.ipv4, peer, n, wait, shunt::verbs::kRoceV2Port);
     return {{"ports", ports}, {"hops", hops}};
   }
   if (cmd == "audit_open") {

@@ -73,6 +73,41 @@ Status judge_lower(double v, double m, double warn_mult, double fail_mult, doubl
   return Status::pass;
 }
 
+std::vector<LinkFinding> find_links(const std::vector<PathValue>& ps, bool higher_better,
+                                    const std::function<Status(double, int)>& judge) {
+  std::vector<LinkFinding> out;
+  std::map<std::pair<int, int>, std::map<std::string, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < ps.size(); i++)
+    if (!ps[i].skip) groups[{ps[i].host, ps[i].rail}][ps[i].router].push_back(i);
+  for (auto& [k, by_router] : groups) {
+    auto [host, rail] = k;
+    std::map<std::string, double> med;
+    double best = 0;
+    size_t count = 0;
+    for (auto& [router, idx] : by_router) {
+      std::vector<double> v;
+      for (size_t i : idx) v.push_back(ps[i].value);
+      med[router] = median(v);
+      if (count == 0 || (higher_better ? med[router] > best : med[router] < best))
+        best = med[router];
+      count += idx.size();
+    }
+    if (Status s = judge(best, rail); s != Status::pass) {
+      if (count < 2) continue;  // one path: that pair, nothing to tell a link by
+      LinkFinding f{host, rail, "", s, best, {}};
+      for (auto& [router, idx] : by_router) f.idx.insert(f.idx.end(), idx.begin(), idx.end());
+      out.push_back(std::move(f));
+      continue;
+    }
+    for (auto& [router, idx] : by_router) {
+      Status s = judge(med[router], rail);
+      if (router.empty() || s == Status::pass) continue;
+      out.push_back({host, rail, router, s, med[router], idx});
+    }
+  }
+  return out;
+}
+
 Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
                      const std::vector<std::string>& names) {
   Judged out;
@@ -106,41 +141,21 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
   // its link to the leaf: router "" in links); otherwise a router whose
   // measurements are slow as a group names the link from the host's leaf
   // up to that router. Either way the link, not its pairs, is reported.
+  std::vector<PathValue> pv;
+  for (auto& m : ms)
+    pv.push_back({m.src, m.rail, m.router, m.error.empty() ? m.mbps : 0, !m.skipped.empty()});
   auto judge_bw = [&](double v, int rail) {
     return judge_higher(v, bw_med[rail], t.bw_warn_frac, t.bw_fail_frac, t.bw_warn_floor, t.bw_fail_floor);
   };
-  std::map<std::pair<int, int>, std::map<std::string, std::vector<size_t>>> groups;
-  for (size_t i = 0; i < ms.size(); i++)
-    if (ms[i].skipped.empty()) groups[{ms[i].src, ms[i].rail}][ms[i].router].push_back(i);
-  for (auto& [k, by_router] : groups) {
-    auto [host, rail] = k;
-    std::map<std::string, double> med;
-    double best = -1;
-    size_t count = 0;
-    for (auto& [router, idx] : by_router) {
-      std::vector<double> v;
-      for (size_t i : idx) v.push_back(ms[i].error.empty() ? ms[i].mbps : 0);
-      med[router] = median(v);
-      best = std::max(best, med[router]);
-      count += idx.size();
-    }
-    auto excuse = [&](const std::vector<size_t>& idx, const std::string& why) {
-      for (size_t i : idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = why;
-    };
-    if (Status s = judge_bw(best, rail); s != Status::pass) {
-      if (count < 2) continue;  // one measurement: that pair, nothing to tell a link by
-      out.links.push_back({host, rail, "", s, best, bw_med[rail]});
-      for (auto& [router, idx] : by_router)
-        excuse(idx, fmt::format("slow from {} on every path: its NIC or its link to the leaf", name(host)));
-      continue;
-    }
-    for (auto& [router, idx] : by_router) {
-      Status s = judge_bw(med[router], rail);
-      if (router.empty() || s == Status::pass) continue;
-      out.links.push_back({host, rail, router, s, med[router], bw_med[rail]});
-      // (its queue slows the reads too: their latency is the link's as well)
-      excuse(idx, fmt::format("slow through the link from {}'s leaf up to {}", name(host), router));
-    }
+  for (auto& f : find_links(pv, true, judge_bw)) {
+    out.links.push_back({f.host, f.rail, f.router, f.status, f.value, bw_med[f.rail]});
+    // (its queue slows the reads too: their latency is the link's as well)
+    std::string why =
+        f.router.empty()
+            ? fmt::format("slow from {} on every path: its NIC or its link to the leaf",
+                          name(f.host))
+            : fmt::format("slow through the link from {}'s leaf up to {}", name(f.host), f.router);
+    for (size_t i : f.idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = why;
   }
   // The same link carries traffic down to that host as well (its fault
   // is usually both ways): slow measurements towards it on that rail are

@@ -4,6 +4,7 @@
 // (its median) with absolute floors, so a fleet of slow soft-RoCE guests
 // and one of 400G NICs are judged by the same rules.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -87,6 +88,31 @@ struct LinkFault {
   double loss = -1;      // found by the probe mesh: the share of probes lost (-1: by bandwidth)
   bool inbound = false;  // lossy towards the host (from the others), not from it
 };
+
+// One path's value as a link is told from it: host (the end whose links
+// are judged), rail, the router it went through ("" unknown), and the value
+// judged (bandwidth, a share of probes lost); skip: counted in no group.
+struct PathValue {
+  int host = 0, rail = 0;
+  std::string router;
+  double value = 0;
+  bool skip = false;
+};
+// A link found from a host's paths on a rail, grouped by router: where even
+// the median of its best router is judged bad (and it has two paths or
+// more), the host's own NIC or link to its leaf (router ""); otherwise each
+// named router whose median is bad, the link from the host's leaf to it.
+// value: that median; idx: the paths (indices into `paths`) it explains.
+// In (host, rail) order, then by router.
+struct LinkFinding {
+  int host = 0, rail = 0;
+  std::string router;
+  Status status = Status::warn;
+  double value = 0;
+  std::vector<size_t> idx;
+};
+std::vector<LinkFinding> find_links(const std::vector<PathValue>& paths, bool higher_better,
+                                    const std::function<Status(double value, int rail)>& judge);
 
 struct Judged {
   std::vector<Status> bw, lat;    // per measurement, after attribution
