@@ -137,6 +137,9 @@ struct ProbeEngine::Peer {
   double corr_offset = 0, corr_bound = 0;  // loop-corrected at corr_at
   int64_t corr_at = 0;
   bool corr_valid = false;
+  // The newest probe taken from the peer on any path, and when it was heard
+  // again after a silence of all of them (silent_hold).
+  int64_t last_heard = 0, resumed_at = 0;
 
   Peer(const EstimatorParams& e, int64_t tol) : est(e), filter(tol) {}
 };
@@ -158,20 +161,39 @@ int64_t reflect_idle(const EngineConfig& c) { return std::max<int64_t>(2'000'000
 int rail_every(const EngineConfig& c) { return std::max(1, c.rail_every); }
 int64_t rail_dead(const EngineConfig& c) { return c.dead_ns * rail_every(c); }
 using SourcePath = ProbeEngine::SourcePath;
+using Peer = ProbeEngine::Peer;
+// A peer that sent nothing on any path for this long is silent: its rails
+// go out at least every rail_every rounds.
+int64_t silent_gap(const EngineConfig& c) { return (int64_t(rail_every(c)) + 1) * c.interval_ns; }
+// How a peer's silence stretches its paths' dead times at `now`
+// (EngineConfig::silent_hold): proofs count from `since`, and dead times
+// are `times` as long while the peer is silent on every path.
+struct Hold {
+  int64_t since = 0;
+  int times = 1;
+};
+Hold hold_of(const EngineConfig& c, const Peer& p, int64_t self_resumed, int64_t now) {
+  Hold h;
+  if (c.silent_hold <= 1) return h;
+  h.since = std::max(p.resumed_at, self_resumed);
+  if (p.last_heard && now - p.last_heard > silent_gap(c)) h.times = c.silent_hold;
+  return h;
+}
 int every_of(const EngineConfig& c, const SourcePath& sp) { return sp.spare ? spare_every(c) : source_every(c); }
 // How long sp may go without a probe at `now` before it is dead.
-int64_t dead_of(const EngineConfig& c, const SourcePath& sp, int64_t now) {
-  if (sp.reflected) return reflected_dead(c);
+int64_t dead_of(const EngineConfig& c, const SourcePath& sp, int64_t now, const Hold& h) {
+  if (sp.reflected) return reflected_dead(c) * h.times;
   int e = every_of(c, sp);
   if (now < sp.grace_until) e = std::max(e, sp.grace_every);
-  return c.dead_ns * e;
+  return c.dead_ns * e * h.times;
 }
 // When sp turns dead unless a probe comes first (dead_of over time).
-int64_t dead_deadline(const EngineConfig& c, const SourcePath& sp) {
-  if (sp.reflected) return sp.ps.view.dead_at(reflected_dead(c));
-  const int64_t at = sp.ps.view.dead_at(c.dead_ns * every_of(c, sp));
+int64_t dead_deadline(const EngineConfig& c, const SourcePath& sp, const Hold& h) {
+  if (sp.reflected) return sp.ps.view.dead_at(reflected_dead(c) * h.times, h.since);
+  const int64_t at = sp.ps.view.dead_at(c.dead_ns * every_of(c, sp) * h.times, h.since);
   if (!sp.grace_until) return at;
-  const int64_t longer = sp.ps.view.dead_at(c.dead_ns * std::max(every_of(c, sp), sp.grace_every));
+  const int64_t longer =
+      sp.ps.view.dead_at(c.dead_ns * std::max(every_of(c, sp), sp.grace_every) * h.times, h.since);
   return longer < sp.grace_until ? longer : std::max(at, sp.grace_until);
 }
 // Where a path's pair sequence numbers start: at random (below 2^62, never
@@ -568,9 +590,12 @@ int64_t ProbeEngine::next_due(int64_t now) const {
         (!q && (!probing || !p->est.model().valid || p->est.step_suspected())))
       due = std::min(due, win);
     if (fz) continue;
-    for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_)));
+    // (A deadline computed before the peer turned silent is re-read when
+    // it comes: tick() stretches it then.)
+    const Hold h = hold_of(cfg_, *p, self_resumed_, now);
+    for (auto& ps : p->paths) due = std::min(due, ps.view.dead_at(rail_dead(cfg_) * h.times, h.since));
     for (auto& sp : p->sources) {
-      due = std::min(due, dead_deadline(cfg_, *sp));
+      due = std::min(due, dead_deadline(cfg_, *sp, h));
       if (sp->reflected) due = std::min(due, sp->last_rx + reflect_idle(cfg_) + 1);
     }
   }
@@ -648,6 +673,7 @@ void ProbeEngine::run() {
       std::lock_guard lk(mu_);
       int64_t now = ts_.now();
       wait = std::max<int64_t>(0, next_due(now) - now);
+      wake_planned_ = now + wait;
       defer = defer_receipt(now);
       ctr_.wakeups++;
     }
@@ -1097,6 +1123,8 @@ ProbeEngine::Taken ProbeEngine::path_probe(Peer& pe, PathState& ps, PairFilter& 
     return Taken::dropped;
   }
   p->id_confirmed = true;
+  if (p->last_heard && rx - p->last_heard > silent_gap(cfg_)) p->resumed_at = std::max(p->resumed_at, rx);
+  p->last_heard = std::max(p->last_heard, rx);
   if (slot.seq != pr.seq) slot = RxPair{pr.seq, {0, 0}};
   slot.rx[pr.idx] = rx;
   ps.rx_max = ps.rx_any ? std::max(ps.rx_max, pr.seq) : pr.seq;
@@ -1167,11 +1195,16 @@ void ProbeEngine::forget_reflected(Peer& p, size_t k) {
 
 void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
   const bool fz = frozen(now);  // a pause (pause_probing): every path stays as it was
+  // This thread woke that late (not scheduled: a starved host): no probe
+  // went out meanwhile, and what the peers sent waited in the sockets.
+  if (wake_planned_ && now - wake_planned_ > silent_gap(cfg_)) self_resumed_ = now;
+  wake_planned_ = 0;
   for (auto& p : peers_) {
     p->est.tick(now);
     if (fz) continue;
+    const Hold h = hold_of(cfg_, *p, self_resumed_, now);
     for (size_t r = 0; r < p->paths.size(); r++)
-      if (p->paths[r].view.update_liveness(now, rail_dead(cfg_)))
+      if (p->paths[r].view.update_liveness(now, rail_dead(cfg_) * h.times, h.since))
         events->push_back({p->name, int(r), p->paths[r].view.alive(), now});
     for (size_t k = 0; k < p->sources.size();) {
       SourcePath& sp = *p->sources[k];
@@ -1180,7 +1213,7 @@ void ProbeEngine::tick(int64_t now, std::vector<PathEvent>* events) {
         continue;
       }
       if (sp.grace_until && now >= sp.grace_until) sp.grace_until = 0;
-      if (sp.ps.view.update_liveness(now, dead_of(cfg_, sp, now)) && !sp.reflected)
+      if (sp.ps.view.update_liveness(now, dead_of(cfg_, sp, now, h), h.since) && !sp.reflected)
         events->push_back({p->name, sp.rail, sp.ps.view.alive(), now, sp.id, sp.port});
       k++;
     }

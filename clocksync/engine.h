@@ -78,6 +78,15 @@ struct EngineConfig {
   // instead, and is dead after N x dead_ns; 0: as source_every. The peer
   // answers each of its pairs once, whatever either cadence.
   int spare_every = 0;
+  // While a peer is silent on every path (nothing from it for rail_every + 1
+  // rounds), its paths die only after this many times their dead time, and
+  // once it is heard again each path has its whole dead time from then to
+  // prove itself; the same after this engine's own thread woke that late. A
+  // peer host stalled (a starved guest) or a probe thread not scheduled is
+  // no dead route, and there is nowhere to move when every path of the peer
+  // is lost at once. A route lost while the peer is heard on others dies on
+  // time. 1: no hold.
+  int silent_hold = 4;
   int64_t pair_tol_ns = 10'000;
   // Authenticates every probe (derive_probe_key of the job's secret). All
   // zero: none, and start() refuses to probe.
@@ -309,6 +318,9 @@ class ProbeEngine {
   void watch(int fd, uint64_t tag);
   void unwatch(int fd);
   int64_t last_loop_ = 0, last_phc_ = 0;
+  // When the thread meant to wake next (the sleep it took), and the last
+  // time it woke late by more than a silent gap (see silent_hold).
+  int64_t wake_planned_ = 0, self_resumed_ = 0;
   struct Shm;
   std::unique_ptr<Shm> shm_;
 };

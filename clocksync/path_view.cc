@@ -66,17 +66,18 @@ void PathView::add_queue_sample(int64_t now, double raw_ns, const std::function<
   fwd_queue_.add(now, offset ? raw_ns - (*offset)(now) : raw_ns);
 }
 
-bool PathView::update_liveness(int64_t now, int64_t dead_ns) {
-  bool alive = last_rx_ != 0 && last_fb_progress_ != 0 && now - last_rx_ <= dead_ns &&
-               now - last_fb_progress_ <= dead_ns;
+bool PathView::update_liveness(int64_t now, int64_t dead_ns, int64_t since) {
+  if (!alive_) since = 0;  // only proof of life revives a path
+  bool alive = last_rx_ != 0 && last_fb_progress_ != 0 && now - std::max(last_rx_, since) <= dead_ns &&
+               now - std::max(last_fb_progress_, since) <= dead_ns;
   bool changed = alive != alive_;
   alive_ = alive;
   return changed;
 }
 
-int64_t PathView::dead_at(int64_t dead_ns) const {
+int64_t PathView::dead_at(int64_t dead_ns, int64_t since) const {
   if (!alive_) return INT64_MAX;
-  return std::min(last_rx_, last_fb_progress_) + dead_ns + 1;  // update_liveness: "> dead_ns"
+  return std::max(std::min(last_rx_, last_fb_progress_), since) + dead_ns + 1;  // update_liveness: "> dead_ns"
 }
 
 PathStats PathView::stats(int64_t now) const {

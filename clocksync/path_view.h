@@ -60,11 +60,13 @@ class PathView {
   // learned so far, a seed from the rail path among it, carries over), and
   // raw samples after that (the model lost for a while) are not taken.
   void add_queue_sample(int64_t now, double raw_ns, const std::function<double(int64_t)>* offset);
-  // Re-evaluates liveness; returns true when it changed.
-  bool update_liveness(int64_t now, int64_t dead_ns);
+  // Re-evaluates liveness; returns true when it changed. An alive path's
+  // proofs of life count from `since` at the earliest (the peer heard again
+  // after a silence of its whole host: every path has its dead time anew).
+  bool update_liveness(int64_t now, int64_t dead_ns, int64_t since = 0);
   // When an alive path turns dead unless proof of life arrives first
   // (INT64_MAX for a dead one: only an arriving probe can revive it).
-  int64_t dead_at(int64_t dead_ns) const;
+  int64_t dead_at(int64_t dead_ns, int64_t since = 0) const;
   PathStats stats(int64_t now) const;
   bool alive() const { return alive_; }
   // A new path's forward queue starts from `o`'s base and noise

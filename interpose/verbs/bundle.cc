@@ -509,15 +509,26 @@ ibv_qp* create_shadow(Bundle* b, int i, std::string* err, int rail = 0) {
   return q;
 }
 
-// A shadow gives up on a dead path sooner than the application's QP
-// would: about SHUNT_PATH_DEAD_MS over four tries (never longer than the
-// application's own timeout, never rxe's "retry forever").
+// A shadow retries as the application's QP does: its ACK timeout and its
+// retries (capped at 6, since rxe treats 7 as "forever" and a shadow's
+// dead route must end in an error some time). Dead routes are found by the
+// probes (SHUNT_PATH_DEAD_MS) and the stall watch, not by a shorter RC
+// timeout: on a host whose CPU is shared (a loaded guest, one core per
+// rank), a shadow that timed out sooner than the application's QP failed
+// with "transport retry counter exceeded" on routes that were fine, and
+// each such failure cost a replay and a renewal nobody needed. Where the
+// application set no timeout (0: wait forever), about SHUNT_PATH_DEAD_MS
+// over four tries.
 void shadow_timeouts(const Bundle* b, ibv_qp_attr* a) {
-  double per_try_us = static_cast<double>(config().num(Param::path_dead_ms)) * 1000.0 / 4.0;
-  int t = 1;
-  while (t < 31 && 4.096 * static_cast<double>(1u << (t + 1)) <= per_try_us * 1.5) t++;
-  a->timeout = b->rts.timeout ? std::min<uint8_t>(b->rts.timeout, static_cast<uint8_t>(t)) : static_cast<uint8_t>(t);
-  a->retry_cnt = std::min<uint8_t>(b->rts.retry_cnt, 3);
+  if (b->rts.timeout) {
+    a->timeout = b->rts.timeout;
+  } else {
+    double per_try_us = static_cast<double>(config().num(Param::path_dead_ms)) * 1000.0 / 4.0;
+    int t = 1;
+    while (t < 31 && 4.096 * static_cast<double>(1u << (t + 1)) <= per_try_us * 1.5) t++;
+    a->timeout = static_cast<uint8_t>(t);
+  }
+  a->retry_cnt = std::min<uint8_t>(b->rts.retry_cnt, 6);
 }
 
 bool shadow_to_rts(Bundle* b, Path& p, std::string* err) {

@@ -203,9 +203,12 @@ TEST(ClocksyncEngine, AFloodIsReadAsItArrivesAndCrowdsOutNoProbe) {
   });
 }
 
+// (b stops: a hears nothing from it on any path, which the engine holds
+// for 4 dead times by default, EngineConfig::silent_hold; the dead time
+// itself is what this measures, so the hold is off.)
 TEST(ClocksyncEngine, DeclaresDeadPathWithinThreeIntervalsAndWakesForNewPeers) {
   SKIP_UNLESS_NETNS([] {
-    ProbeEngine a{config("a", "127.0.0.1")}, b{config("b", "127.0.0.2")};
+    ProbeEngine a{tuned("a", "127.0.0.1", [](EngineConfig& c) { c.silent_hold = 1; })}, b{config("b", "127.0.0.2")};
     std::mutex mu;
     std::vector<PathEvent> ev;
     a.on_path_change([&](const PathEvent& e) {
@@ -303,6 +306,62 @@ bool eventually(F f, std::chrono::milliseconds limit = 4s) {
     std::this_thread::sleep_for(10ms);
   }
   return f();
+}
+
+// A peer host that stops for a while (a starved guest: its probe thread not
+// scheduled) sends nothing on any path: that is no dead route, and nowhere
+// else to go either. Its paths live through a silence shorter than
+// silent_hold x their dead time (here b pauses for 800 ms, where 250 ms
+// killed them without the hold), and once b is heard again each has its
+// dead time anew to prove itself; a peer silent for longer is dead after
+// that many dead times.
+TEST(ClocksyncEngine, APeerSilentOnEveryPathIsHeldNotDeclaredDead) {
+  SKIP_UNLESS_NETNS([] {
+    Pair p;
+    std::mutex mu;
+    std::vector<PathEvent> ev;
+    p.a.on_path_change([&](const PathEvent& e) {
+      std::lock_guard lk(mu);
+      ev.push_back(e);
+    });
+    if (!p.start()) return;
+    ASSERT_TRUE(p.wait_alive());
+    std::this_thread::sleep_for(300ms);
+    {
+      std::lock_guard lk(mu);
+      ev.clear();
+    }
+    const int64_t t0 = p.b.time().now();
+    p.b.pause_probing(t0 + 100'000'000, t0 + 900'000'000, 0, 1);  // b only: a hears nothing from it
+    int checks = 0, dead = 0;
+    for (auto end = std::chrono::steady_clock::now() + 1500ms; std::chrono::steady_clock::now() < end;) {
+      auto s = p.a.path("b", 0);
+      dead += !(s && s->alive);
+      checks++;
+      std::this_thread::sleep_for(10ms);
+    }
+    uint64_t received = p.a.path("b", 0)->received;
+    printf("b paused 800 ms: a saw its path dead in %d of %d checks\n", dead, checks);
+    EXPECT_GE(checks, 100);
+    EXPECT_EQ(dead, 0);
+    {
+      std::lock_guard lk(mu);
+      EXPECT_TRUE(ev.empty());  // no change told
+    }
+    std::this_thread::sleep_for(300ms);
+    EXPECT_GT(p.a.path("b", 0)->received, received);  // b's probes again
+    // Gone for good: dead after 4 x 250 ms of silence.
+    p.b.stop();
+    ASSERT_TRUE(eventually([&] {
+      std::lock_guard lk(mu);
+      return !ev.empty() && !ev.back().alive;
+    }));
+    std::lock_guard lk(mu);
+    double silent = double(ev.back().at - p.a.path("b", 0)->last_heard_ns) / 1e6;
+    printf("b stopped: dead %.0f ms after its last proof of life\n", silent);
+    EXPECT_GT(silent, 1000.0);
+    EXPECT_LE(silent, 1100.0);
+  });
 }
 
 std::vector<SourcePathStats> reflected(const ProbeEngine& e, const std::string& peer) {
@@ -508,10 +567,13 @@ TEST(ClocksyncEngine, RemovedSourcePathFreesItsPortAndThePeerForgetsIt) {
 // out together in every fourth round, and the thread wakes only for those
 // (and its estimator windows); a peer with one rail gets a pair every
 // second round (the clock's floor: a pair every other round on average);
-// each rail is dead after 4 x dead_ns.
+// each rail is dead after 4 x dead_ns (b stops, so no silent hold here).
 TEST(ClocksyncEngine, RailsEveryNthRound) {
   SKIP_UNLESS_NETNS([] {
-    auto tune = [](EngineConfig& c) { c.rail_every = 4; };
+    auto tune = [](EngineConfig& c) {
+      c.rail_every = 4;
+      c.silent_hold = 1;
+    };
     EngineConfig ca = tuned("a", "127.0.0.1", tune), cb = tuned("b", "127.0.0.2", tune),
                  cc = tuned("c", "127.0.0.5", tune);
     ca.local_addrs.push_back("127.0.0.3");

@@ -189,6 +189,27 @@ TEST(ClocksyncPathView, DeadAfterSilenceAliveAgainOnProof) {
   EXPECT_TRUE(v.alive());
 }
 
+// `since` (the peer heard again after a silence of all its paths): an alive
+// path's proofs count from then at the earliest, so it has its whole dead
+// time anew; a dead path is revived only by proof of life.
+TEST(ClocksyncPathView, ProofsCountFromSinceOnlyWhileAlive) {
+  PathView v;
+  const int64_t ms = 1'000'000, dead = 250 * ms;
+  v.on_sent(0, 10);
+  v.on_received(10 * ms, 500);
+  v.on_feedback(10 * ms, 2, 10);
+  EXPECT_TRUE(v.update_liveness(20 * ms, dead));
+  EXPECT_EQ(v.dead_at(dead), 10 * ms + dead + 1);
+  EXPECT_EQ(v.dead_at(dead, 200 * ms), 200 * ms + dead + 1);
+  EXPECT_FALSE(v.update_liveness(300 * ms, dead, 200 * ms));  // 100 ms since: alive
+  EXPECT_TRUE(v.alive());
+  EXPECT_TRUE(v.update_liveness(460 * ms, dead, 200 * ms));  // 260 ms since: dead
+  EXPECT_FALSE(v.alive());
+  EXPECT_EQ(v.dead_at(dead, 450 * ms), INT64_MAX);
+  EXPECT_FALSE(v.update_liveness(470 * ms, dead, 460 * ms));  // no proof: stays dead
+  EXPECT_FALSE(v.alive());
+}
+
 TEST(ClocksyncPathView, LossAndDelayQuantiles) {
   PathView v;
   const int64_t ms = 1'000'000;

@@ -47,7 +47,9 @@
 #                 program run without libshunt that gets no byte for S s
 #                 after a fault for good is ended and called hung (exit 124)
 #   --retry-cnt N --qp-timeout N   verbs QP retries and ACK timeout exponent
-#                 (default 6 and 14: rxe treats 7 retries as "forever")
+#                 (default 6 and 18, about 1 s a try: rxe treats 7 retries
+#                 as "forever", and with 14 four guests on two host cores
+#                 timed out with no fault at all)
 #   --out DIR     keep JSON, timelines, marks and the plot here (default ./scenario-NAME)
 #   --no-probes   the run with libshunt probes nothing (SHUNT_PROBE_ADDRS=none),
 #                 for comparison. By default it probes every path, the
@@ -99,7 +101,7 @@ passed=()
 while IFS= read -r v; do
   case $v in SHUNT_FABRIC_*|SHUNT_BENCH|SHUNT_BENCH_*|SHUNT_ROOT) ;; SHUNT_*) passed+=("$v=${!v}") ;; esac
 done < <(compgen -e)
-retry=6 qpto=14 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
+retry=6 qpto=18 transport=verbs verb=write_imm ranks=2 size=1M duration=40 fault_at=10 fault_for=10 stall=15 out= keep=0
 client=alltoall pings=4000 probes=1
 link=h1-r0 spine=busy flap_ms=1000
 [ $name = nic-remove ] && fault_for=0
