@@ -48,6 +48,7 @@ import collections, glob, json, re, sys
 tmp, mode, hosts, dur = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 by = collections.Counter()
 paths = replays = errors = 0
+failed = []
 for r in range(hosts):
     for line in open(f"{tmp}/{mode}.events{r}", errors="replace"):
         try:
@@ -55,7 +56,7 @@ for r in range(hosts):
         except ValueError:
             continue
         if e.get("event") == "path_down" and e.get("path") is not None and "->" not in str(e.get("path")):
-            by[e.get("reason") or "other"] += 1
+            by[e.get("status") or "other"] += 1
     try:
         s = json.load(open(f"{tmp}/{mode}.stats{r}"))
     except (OSError, ValueError):
@@ -64,13 +65,20 @@ for r in range(hosts):
     for q in s.get("bundles", []) + s.get("closed_bundle_paths", []):
         paths += q.get("bundles", 1) if "path" in q else 0
     out = open(f"{tmp}/{mode}.rank{r}", errors="replace").read()
+    # rank 0 prints the summary; every rank prints its errors
     m = re.search(r"Errors seen\s*:\s*(\d+)", out)
-    errors += int(m.group(1)) if m else 1 if "error" in out else 0
+    if r == 0 and not m:
+        failed.append("rank 0: no summary: " + (out.strip().splitlines() or ["no output"])[-1][:160])
+    errors += int(m.group(1)) if m else 0
+    if r > 0:
+        errors += len(re.findall(r"^shunt-bench: rank \d+: error:", out, re.M))
 n = sum(by.values())
 per = n / (paths * dur / 3600) if paths else float("nan")
 detail = ", ".join(f"{k} {v}" for k, v in sorted(by.items())) or "none"
 print(f"{mode:8s} app errors {errors}  path failures {n} ({detail})  replays {replays}  "
       f"paths {paths}  per path-hour {per:.1f}")
+for f in failed:
+    print(f"         did not run to its end: {f}")
 PY
   awk '/^helpers/ { print "         rank 0 guest busy " ($6 == "" ? "?" : 100 - int(100 * $6 / $4)) "%" }' "$TMP/$1.cpu"
 }
