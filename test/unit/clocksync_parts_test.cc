@@ -168,12 +168,20 @@ TEST(ClocksyncShm, ReaderSeesPublishedModelsConsistently) {
   again.close(true);
 }
 
-TEST(ClocksyncPathView, DeadAfterSilenceAliveAgainOnProof) {
+// A path proven both ways at 10 ms: our pair out at 0, the peer's probe
+// and its feedback naming that pair at 10 ms.
+constexpr int64_t kMs = 1'000'000;
+PathView proven_at_10ms() {
   PathView v;
-  const int64_t ms = 1'000'000, dead = 250 * ms;
   v.on_sent(0, 10);
-  v.on_received(10 * ms, 500);
-  v.on_feedback(10 * ms, 2, 10);
+  v.on_received(10 * kMs, 500);
+  v.on_feedback(10 * kMs, 2, 10);
+  return v;
+}
+
+TEST(ClocksyncPathView, DeadAfterSilenceAliveAgainOnProof) {
+  const int64_t ms = kMs, dead = 250 * ms;
+  PathView v = proven_at_10ms();
   EXPECT_TRUE(v.update_liveness(20 * ms, dead));
   EXPECT_TRUE(v.alive());
   EXPECT_FALSE(v.update_liveness(200 * ms, dead));
@@ -193,11 +201,8 @@ TEST(ClocksyncPathView, DeadAfterSilenceAliveAgainOnProof) {
 // path's proofs count from then at the earliest, so it has its whole dead
 // time anew; a dead path is revived only by proof of life.
 TEST(ClocksyncPathView, ProofsCountFromSinceOnlyWhileAlive) {
-  PathView v;
-  const int64_t ms = 1'000'000, dead = 250 * ms;
-  v.on_sent(0, 10);
-  v.on_received(10 * ms, 500);
-  v.on_feedback(10 * ms, 2, 10);
+  const int64_t ms = kMs, dead = 250 * ms;
+  PathView v = proven_at_10ms();
   EXPECT_TRUE(v.update_liveness(20 * ms, dead));
   EXPECT_EQ(v.dead_at(dead), 10 * ms + dead + 1);
   EXPECT_EQ(v.dead_at(dead, 200 * ms), 200 * ms + dead + 1);
