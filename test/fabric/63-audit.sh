@@ -160,8 +160,16 @@ assert lossy and lossy[0].get("loss", 0) >= 0.01, "h3's rail-0 uplink to s2 not 
 print("lossy link: %s" % lossy[0])
 assert len(r["links"]) == 2, "links other than these two: %s" % r["links"]
 # Everything else passed: every other leaf that did not pass is one of these.
+# A pair whose path crosses the lossy link (into h3's leaf from s2, or out
+# of it to s2) may fail outright: rxe's RC connection through 3% loss ran
+# out of retries once in a clean-clone run (h2 -> h3 via 192.168.2.6), as
+# it does at 6% most of the time; that is the lossy link's doing.
+import re
+def crosses_lossy(p):
+    return "pairs" in p and bool(re.search(r"(-> h3 via 192\.168\.\d+\.6|^h3 -> \S+ via 192\.168\.4\.6)$", p[-1]))
 for p, n in bad:
     ok = ("h2" in p and "rxe1 port 1" in p) or ("h4" in p and "rxe1 port 1" in p) or "leaf-spine links" in p
+    ok = ok or crosses_lossy(p)
     assert ok or n["status"] == "warn", "also failed: %s" % " / ".join(p)
     assert ok, "also warned: %s (%s)" % (" / ".join(p), n.get("detail", ""))
 print("faults: each at its place, nothing else")
