@@ -44,7 +44,7 @@ run() {
 
 report() {
   python3 - "$TMP" "$1" "$HOSTS" "$DUR" <<'PY'
-import collections, glob, json, re, sys
+import collections, json, re, sys
 tmp, mode, hosts, dur = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 by = collections.Counter()
 paths = replays = errors = 0
@@ -57,13 +57,6 @@ for r in range(hosts):
             continue
         if e.get("event") == "path_down" and e.get("path") is not None and "->" not in str(e.get("path")):
             by[e.get("status") or "other"] += 1
-    try:
-        s = json.load(open(f"{tmp}/{mode}.stats{r}"))
-    except (OSError, ValueError):
-        continue
-    replays += s.get("replays", 0)
-    for q in s.get("bundles", []) + s.get("closed_bundle_paths", []):
-        paths += q.get("bundles", 1) if "path" in q else 0
     out = open(f"{tmp}/{mode}.rank{r}", errors="replace").read()
     # rank 0 prints the summary; every rank prints its errors
     m = re.search(r"Errors seen\s*:\s*(\d+)", out)
@@ -72,6 +65,14 @@ for r in range(hosts):
     errors += int(m.group(1)) if m else 0
     if r > 0:
         errors += len(re.findall(r"^shunt-bench: rank \d+: error:", out, re.M))
+    try:
+        s = json.load(open(f"{tmp}/{mode}.stats{r}"))
+    except (OSError, ValueError):
+        failed.append(f"rank {r}: no stats file")
+        continue
+    replays += s.get("replays", 0)
+    # written at exit: every bundle is closed by then, each path counted once per bundle
+    paths += sum(q.get("bundles", 0) for q in s.get("closed_bundle_paths", []))
 n = sum(by.values())
 per = n / (paths * dur / 3600) if paths else float("nan")
 detail = ", ".join(f"{k} {v}" for k, v in sorted(by.items())) or "none"
