@@ -117,6 +117,8 @@ json qp_stats(const verbs::QpStats& s) {
           {"completions", total(s, [](const HotCounters& h) -> auto& { return h.completions; })},
           {"recv_completions", total(s, [](const HotCounters& h) -> auto& { return h.recv_completions; })},
           {"recv_bytes", total(s, [](const HotCounters& h) -> auto& { return h.recv_bytes; })},
+          {"signaled_sends", total(s, [](const HotCounters& h) -> auto& { return h.sig_sends; })},
+          {"send_completions", total(s, [](const HotCounters& h) -> auto& { return h.send_done; })},
           {"errors", errs}};
 }
 
@@ -223,6 +225,11 @@ json stats_json(Detail detail) {
       q["extended"] = r.extended;
       q["destroyed"] = r.destroyed.load();
       if (r.shadow_of) q["shadow_of"] = r.primary_qpn;
+      if (r.peer_addr[0]) {
+        q["local"] = r.local_addr;
+        q["peer"] = r.peer_addr;
+      }
+      q["busy_ms"] = r.busy_ms.load(std::memory_order_relaxed);
       if (auto bj = verbs::bundle_json(r); !bj.is_null()) {
         // up: every path in service; degraded: some failed (or the
         // application's QP was moved off); fallback: primary-only or given up

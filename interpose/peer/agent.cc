@@ -28,6 +28,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/peer/control.h"
 #include "interpose/peer/control_server.h"
+#include "interpose/verbs/busy.h"
 #include "telemetry/event_log.h"
 #include "telemetry/stats_file.h"
 
@@ -321,7 +322,7 @@ void run() {
   pthread_setname_np(pthread_self(), "shunt-agent");
   State& s = st();
   int64_t interval = config().num(Param::report_interval_ms);
-  int64_t next_try = 0, next_report = 0;
+  int64_t next_try = 0, next_report = 0, next_sample = 0;
   for (;;) {
     // Nothing thrown here may end the thread (that would end the process).
     try {
@@ -330,6 +331,7 @@ void run() {
         next_try = now + 500;
         try_lock(s);
       }
+      if (now >= next_sample) next_sample = verbs::busy_next_ms(now, verbs::sample_busy(now), interval);
       if (now >= next_report) {
         next_report = now + interval;
         report(s, false);
@@ -340,7 +342,7 @@ void run() {
       // made this loop wake every millisecond, a fifth of a one-CPU guest).
       // The agent sleeps in poll() until then: a client's connection or
       // request wakes it. (It woke every 100 ms regardless.)
-      int64_t due = s.is_agent.load() ? next_report : std::min(next_report, next_try);
+      int64_t due = std::min(next_sample, s.is_agent.load() ? next_report : std::min(next_report, next_try));
       int wait = static_cast<int>(std::max<int64_t>(1, due - mono_ms()));
       if (s.is_agent.load())
         serve(s, wait);

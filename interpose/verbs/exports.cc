@@ -8,6 +8,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/busy.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
 
@@ -194,6 +195,7 @@ __attribute__((visibility("default"))) int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr
       if (verbs::QpRecord* r = verbs::find_qp(qp)) {
         if (mask & IBV_QP_STATE) r->state.store(attr->qp_state);
         ReentryGuard g;
+        verbs::note_addresses(r, attr, mask);
         verbs::bundle_on_modify(r, attr, mask);
       }
   }

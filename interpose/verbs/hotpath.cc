@@ -38,16 +38,18 @@ inline QpRecord* lookup_qp(const ibv_qp* qp) {
 
 inline QpStats& stats_for(QpRecord* r, ContextRecord* c) { return r ? r->s : c->untracked; }
 
-void count_send(QpStats& s, const ibv_send_wr* wr, const ibv_send_wr* stop) {
+void count_send(QpStats& s, const ibv_send_wr* wr, const ibv_send_wr* stop, bool sig_all) {
   int sh = thread_shard();
   bool ex = sh < kShards;
   HotCounters& h = s.hot[sh];
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, sig = 0;
   for (; wr && wr != stop; wr = wr->next) {
     bump(h.send_wrs[static_cast<unsigned>(wr->opcode) & (kWrOpcodes - 1)], 1, ex);
+    sig += sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
     for (int i = 0; i < wr->num_sge; i++) bytes += wr->sg_list[i].length;
   }
   bump(h.send_bytes, bytes, ex);
+  if (sig) bump(h.sig_sends, sig, ex);
 }
 
 uint64_t count_recv(const ibv_recv_wr* wr, const ibv_recv_wr* stop) {
@@ -73,7 +75,7 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Bundle* b = r ? r->bundle.load(std::memory_order_acquire) : nullptr;
   int ret = b ? bundle_post_send(b, c, qp, wr, bad) : c->orig.post_send(qp, wr, bad);
   QpStats& s = stats_for(r, c);
-  count_send(s, wr, ret ? *bad : nullptr);
+  count_send(s, wr, ret ? *bad : nullptr, r && r->sq_sig_all);
   if (ret) add(s.send_post_errors, 1);
   return ret;
 }
@@ -143,6 +145,8 @@ int poll_body(ContextRecord* c, ibv_cq* cq, int n, ibv_wc* wc, bool owed_first) 
     } else if (w.opcode & IBV_WC_RECV) {
       bump(h.recv_completions, 1, ex);
       bump(h.recv_bytes, w.byte_len, ex);
+    } else {
+      bump(h.send_done, 1, ex);
     }
   }
   return got;

@@ -54,6 +54,12 @@ struct QpRecord {
   std::atomic<bool>* doorbell_pending = nullptr;
   uint32_t primary_qpn = 0;
   QpStats s;
+  // The two ends' addresses (IPv4 or IPv6 text, from the GIDs of the
+  // address vector at RTR; "" until then, or where not an IP GID), and the
+  // milliseconds a signaled send WR was outstanding (busy.h).
+  char local_addr[46] = {};
+  char peer_addr[46] = {};
+  mutable std::atomic<uint64_t> busy_ms{0};  // written by the sampler alone
 };
 
 // Patches ctx->ops (post_send, post_recv, poll_cq, req_notify_cq,

@@ -18,6 +18,8 @@ constexpr int kShards = 8;
 struct alignas(64) HotCounters {
   std::atomic<uint64_t> send_wrs[kWrOpcodes]{};
   std::atomic<uint64_t> send_bytes{0};
+  std::atomic<uint64_t> sig_sends{0};  // signaled send WRs posted (busy.h)
+  std::atomic<uint64_t> send_done{0};  // successful send completions
   std::atomic<uint64_t> recv_wrs{0};
   std::atomic<uint64_t> completions{0};
   std::atomic<uint64_t> recv_completions{0};

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "interpose/verbs/busy.h"
 #include "interpose/verbs/registry.h"
 
 using namespace shunt::verbs;
@@ -230,6 +231,56 @@ TEST(HotPath, CountsStayExactWithMoreThreadsThanShards) {
   EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_wrs[IBV_WR_RDMA_WRITE]; }),
             uint64_t{kThreads} * kPosts);
   EXPECT_EQ(hot(r->s, [](const HotCounters& h) -> auto& { return h.send_bytes; }), uint64_t{kThreads} * kPosts * 3);
+  untrack_qp(&d->qp);
+  unpatch_context(d->ctx);
+}
+
+// Busy time (busy.h): signaled sends and send completions are counted on the
+// hot path; a look credits the time since the last one to a QP with a
+// signaled WR out, and to no other.
+TEST(HotPath, BusyTimeCountsOnlyWhileASignaledSendIsOut) {
+  auto d = std::make_unique<FakeDevice>(131);
+  ASSERT_TRUE(patch_context(d->ctx, "fake0"));
+  QpRecord* r = track_qp(&d->qp, false);
+  ASSERT_NE(r, nullptr);
+  auto sig = [&] { return hot(r->s, [](const HotCounters& h) -> auto& { return h.sig_sends; }); };
+  auto done = [&] { return hot(r->s, [](const HotCounters& h) -> auto& { return h.send_done; }); };
+  sample_busy(1000);  // the first look only sets the start
+  ibv_sge sge{0, 1 << 20, 0};
+  ibv_send_wr unsig = write_wr(&sge);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(&d->qp, &unsig, &bad), 0);
+  EXPECT_EQ(sig(), 0u);
+  EXPECT_EQ(sample_busy(1020), 0) << "nothing signaled is out";
+  EXPECT_EQ(r->busy_ms.load(), 0u) << "an unsignaled WR says nothing of when it ends";
+  ibv_send_wr s = write_wr(&sge);
+  s.send_flags = IBV_SEND_SIGNALED;
+  ASSERT_EQ(ibv_post_send(&d->qp, &s, &bad), 0);
+  EXPECT_EQ(sig(), 1u);
+  sample_busy(1040);
+  sample_busy(1065);
+  EXPECT_EQ(r->busy_ms.load(), 45u) << "busy from the look before the post: the share of looks is what counts";
+  g_wcs[0] = ibv_wc{};
+  g_wcs[0].qp_num = 131;
+  g_wcs[0].opcode = IBV_WC_RDMA_WRITE;
+  g_nwcs = 1;
+  ibv_wc wc[4];
+  ASSERT_EQ(ibv_poll_cq(&d->cq, 4, wc), 1);
+  g_nwcs = 0;
+  EXPECT_EQ(done(), 1u);
+  sample_busy(1100);
+  EXPECT_EQ(r->busy_ms.load(), 45u) << "nothing out at this look: the time since the last is not busy";
+  EXPECT_EQ(sample_busy(2000), 0) << "idle: the sampler may slow down";
+  // An error completion writes off what is out: the QP is not busy for good.
+  ASSERT_EQ(ibv_post_send(&d->qp, &s, &bad), 0);
+  ASSERT_EQ(ibv_post_send(&d->qp, &s, &bad), 0);
+  g_wcs[0].status = IBV_WC_RETRY_EXC_ERR;
+  g_nwcs = 1;
+  ASSERT_EQ(ibv_poll_cq(&d->cq, 4, wc), 1);
+  g_nwcs = 0;
+  sample_busy(2100);
+  sample_busy(2200);
+  EXPECT_EQ(r->busy_ms.load(), 45u);
   untrack_qp(&d->qp);
   unpatch_context(d->ctx);
 }
