@@ -1348,7 +1348,12 @@ std::vector<PeerReport> ProbeEngine::report() const {
     r.name = p->name;
     r.id = p->id;
     r.clock = clock_of(*p, now);
-    for (auto& ps : p->paths) r.paths.push_back(ps.view.stats(now));
+    for (auto& ps : p->paths) {
+      r.paths.push_back(ps.view.stats(now));
+      char ip[INET_ADDRSTRLEN] = "";
+      if (ps.remote.sin_addr.s_addr) inet_ntop(AF_INET, &ps.remote.sin_addr, ip, sizeof ip);
+      r.addrs.push_back(ip);
+    }
     for (auto& sp : p->sources)
       r.source_paths.push_back({sp->id, sp->rail, sp->port, sp->reflected, sp->spare, sp->ps.view.stats(now)});
     r.pairs_kept = p->filter.accepted();

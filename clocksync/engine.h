@@ -141,6 +141,7 @@ struct PeerReport {
   uint64_t id = 0;
   PeerClock clock;
   std::vector<PathStats> paths;  // index = rail
+  std::vector<std::string> addrs; // the peer's address on each rail ("" where unknown)
   std::vector<SourcePathStats> source_paths;
   uint64_t pairs_kept = 0, pairs_dropped = 0, steps = 0;
   int64_t pair_tol_ns = 0;  // the pair filter's tolerance now (filter.h)

@@ -25,6 +25,7 @@
 #include "interpose/core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
+#include "telemetry/diagnose_service.h"
 #include "telemetry/event_log.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
@@ -50,6 +51,7 @@ json telemetry_command(const json&) {
   v.peers = peers_view(engine_fn() ? engine_fn()() : nullptr);
   v.agent_pid = getpid();
   v.uptime_s = static_cast<double>(mono_ns() - g_started_ns) * 1e-9;
+  v.diagnosis = diagnosis_now();
   json out = host_view_json(v);
   out["event_log"] = valid_utf8(event_log_path());
   return out;
@@ -242,6 +244,7 @@ void register_agent_services(std::function<clocksync::ProbeEngine*()> engine) {
   engine_fn() = std::move(engine);
   agent::register_service({"telemetry", start, [] { g_stop.store(true); }});
   agent::register_command("telemetry", telemetry_command);
+  register_diagnose(engine_fn());
 }
 
 }  // namespace shunt::telemetry

@@ -87,6 +87,13 @@ Labels with(Labels l, std::initializer_list<std::pair<std::string, std::string>>
 void declare(Exposition& x) {
   x.family("shunt_build_info", "gauge", "Always 1; the shunt version of the host agent in the version label.");
   x.family("shunt_agent_uptime_seconds", "gauge", "Seconds since this process became the host agent.");
+  x.family("shunt_pair_busy_rate_bytes_per_second", "gauge",
+           "Send rate of a peer pair (this host's address to the peer's) while it has work out, over the last seconds.");
+  x.family("shunt_pair_baseline_rate_bytes_per_second", "gauge", "The same pair's own recent baseline rate.");
+  x.family("shunt_pair_slow", "gauge", "1 while the pair runs below half its baseline rate (shuntctl diagnose).");
+  x.family("shunt_slowdown", "gauge",
+           "1 while this host sees a slowdown, by the kind of cause blamed (link, host, path); shuntctl diagnose names it.");
+  x.family("shunt_slowdown_worst_ratio", "gauge", "The slowest blamed pair's rate over its baseline (1 when healthy).");
   x.family("shunt_processes", "gauge", "Shunt processes known to the host agent, by state (running, exited).");
   x.family("shunt_process_mode", "gauge",
            "1 for each process known to the host agent, by its mode (off: shunt turned itself off there, e.g. over a bad setting; shuntctl status says why).");
@@ -266,11 +273,16 @@ HostView host_view_from(const json& a) {
   if (a.contains("peers") && a["peers"].is_array()) v.peers = a["peers"];
   v.agent_pid = at(a, "agent_pid").is_number_integer() ? at(a, "agent_pid").get<long>() : 0;
   v.uptime_s = real(a, "uptime_s", 0.0);
+  if (a.contains("diagnosis") && a["diagnosis"].is_object()) v.diagnosis = a["diagnosis"];
   return v;
 }
 
 json host_view_json(const HostView& v) {
-  return {{"members", v.members}, {"peers", v.peers}, {"agent_pid", v.agent_pid}, {"uptime_s", v.uptime_s}};
+  return {{"members", v.members},
+          {"peers", v.peers},
+          {"agent_pid", v.agent_pid},
+          {"uptime_s", v.uptime_s},
+          {"diagnosis", v.diagnosis}};
 }
 
 namespace {
@@ -379,6 +391,25 @@ json paths_view(const HostView& v) {
   return out;
 }
 
+namespace {
+void diagnosis_samples(Exposition& x, const json& d) {
+  if (!d.is_object()) return;
+  const json& pairs = at(d, "pairs");
+  if (pairs.is_array())
+    for (const auto& p : pairs) {
+      Labels l{{"local", str(p, "local")}, {"peer", str(p, "peer")}};
+      if (const json& r = at(p, "rate_Bps"); r.is_number()) x.add("shunt_pair_busy_rate_bytes_per_second", l, r.get<double>());
+      if (const json& b = at(p, "baseline_Bps"); b.is_number())
+        x.add("shunt_pair_baseline_rate_bytes_per_second", l, b.get<double>());
+      x.add("shunt_pair_slow", l, flag(p, "slow"));
+    }
+  const json& s = at(d, "slowdown");
+  const std::string cause = s.is_object() ? str(s, "cause") : "";
+  for (const char* c : {"link", "host", "path"}) x.add("shunt_slowdown", {{"cause", c}}, cause == c);
+  x.add("shunt_slowdown_worst_ratio", {}, s.is_object() ? real(s, "worst_factor", 1.0) : 1.0);
+}
+}  // namespace
+
 std::string render_metrics(const HostView& v) {
   Exposition x;
   declare(x);
@@ -409,6 +440,7 @@ std::string render_metrics(const HostView& v) {
     x.add("shunt_peer_clock_drift_ratio", pl, real(c, "drift_ppb", 0.0) / 1e9);
     x.add("shunt_peer_rtt_seconds", pl, ns_to_s(2 * real(c, "half_rtt_ns", 0.0)));
   }
+  diagnosis_samples(x, v.diagnosis);
   for (auto& p : paths_view(v)) {
     Labels l{{"peer", str(p, "peer")}, {"rail", std::to_string(u64(p, "rail"))}, {"path", str(p, "path")}};
     x.add("shunt_path_up", l, flag(p, "alive"));

@@ -18,6 +18,7 @@ struct HostView {
   nlohmann::json peers = nlohmann::json::array();     // peers_view()
   long agent_pid = 0;
   double uptime_s = 0;
+  nlohmann::json diagnosis;  // Diagnoser::view() (diagnose.h), null when none
 };
 HostView host_view_from(const nlohmann::json& answer);
 nlohmann::json host_view_json(const HostView& v);

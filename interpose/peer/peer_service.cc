@@ -8,6 +8,7 @@
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/verbs/bundle.h"
+#include "telemetry/diagnose_service.h"
 
 namespace shunt::agent {
 
@@ -35,6 +36,7 @@ json peer_answer(const json& req) {
     if (port > 0) return {{"port", port}};
     return {{"retry", "no process here owns that QP (yet)"}};
   }
+  if (cmd == "diagnose") return telemetry::diagnosis_now();  // shuntctl diagnose, job-wide
   return {{"error", "unknown peer command " + cmd}};
 }
 

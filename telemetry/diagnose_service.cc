@@ -1,0 +1,147 @@
+#include "telemetry/diagnose_service.h"
+
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "clocksync/engine.h"
+#include "interpose/core/log.h"
+#include "interpose/core/mono.h"
+#include "interpose/core/runtime.h"
+#include "interpose/peer/agent.h"
+#include "telemetry/diagnose.h"
+#include "telemetry/event_log.h"
+
+namespace shunt::telemetry {
+
+namespace {
+using nlohmann::json;
+
+// Never destroyed: the peer channel's thread may read the latest view
+// while exit() runs the static destructors.
+struct State {
+  std::function<clocksync::ProbeEngine*()> engine;
+  Diagnoser d;
+  int64_t last_ms = -1;
+  bool in_look = false;
+  std::mutex mu;  // guards latest
+  json latest;
+};
+State& st() {
+  static auto* s = new State;
+  return *s;
+}
+
+std::string host_name() {
+  char h[256] = "unknown";
+  gethostname(h, sizeof h - 1);
+  return h;
+}
+
+// The probes' queues per route: each source path's port is a bundle path's,
+// whose spine path discovery found (the members' bundles say which).
+std::vector<RouteQueue> route_queues(clocksync::ProbeEngine* e, const json& members, Diagnoser& d) {
+  std::vector<RouteQueue> out;
+  if (!e) return out;
+  std::map<uint16_t, std::string> router;  // source port -> spine
+  for (const auto& [pid, m] : members.items()) {
+    (void)pid;
+    if (!m.is_object() || !m.contains("verbs") || !m["verbs"].is_object()) continue;
+    const json& qps = m["verbs"].value("qps", json::array());
+    if (!qps.is_array()) continue;
+    for (const auto& q : qps) {
+      const json& b = q.is_object() ? q.value("bundle", json()) : json();
+      if (!b.is_object()) continue;
+      auto note = [&](const json& p) {
+        if (p.is_object() && p.value("udp_sport", json()).is_number_unsigned() && p.value("router", json()).is_string() &&
+            !p["router"].get<std::string>().empty())
+          router[p["udp_sport"].get<uint16_t>()] = p["router"].get<std::string>();
+      };
+      note(b.value("primary", json()));
+      if (b.contains("paths") && b["paths"].is_array())
+        for (const auto& p : b["paths"]) note(p);
+    }
+  }
+  d.set_host(host_name(), e->config().local_addrs);
+  for (const auto& r : e->report()) {
+    d.set_host(r.name, r.addrs);
+    for (const auto& sp : r.source_paths) {
+      auto it = router.find(sp.port);
+      if (sp.reflected || it == router.end() || sp.rail < 0 || static_cast<size_t>(sp.rail) >= r.addrs.size()) continue;
+      const auto& q = sp.stats.fwd_queue;
+      // Queueing as evidence: congested, and by twice the detector's own
+      // threshold (on a guest short of CPU, a route's delay wanders past
+      // it now and then with no queue anywhere).
+      out.push_back({r.addrs[sp.rail], it->second, q.excess_ns,
+                     sp.stats.alive && q.congested && q.excess_ns >= 2 * q.threshold_ns});
+    }
+  }
+  return out;
+}
+
+void look() {
+  State& s = st();
+  const int64_t now = mono_ms();
+  if (s.in_look || (s.last_ms >= 0 && now - s.last_ms < 900)) return;
+  s.in_look = true;
+  s.last_ms = now;
+  try {
+    const json& members = agent::members();  // may report the agent's own process: in_look stops a second look
+    clocksync::ProbeEngine* e = s.engine ? s.engine() : nullptr;
+    auto queues = route_queues(e, members, s.d);
+    s.d.look(now, qp_looks(members), queues);
+    for (const auto& c : s.d.take_changes()) {
+      const std::string kind = c.value("event", "");
+      const std::string cause = c.value("cause", ""), name = c.value("name", "");
+      if (kind == "slowdown") {
+        std::string pairs;
+        for (const auto& p : c["pairs"]) pairs += (pairs.empty() ? "" : ",") + p.value("local", "") + "->" + p.value("peer", "");
+        event("slowdown", {{"cause", cause},
+                           {"blamed", name},
+                           {"confidence", c.value("confidence", "")},
+                           {"evidence", c.value("evidence", "")},
+                           {"worst_factor", c.value("worst_factor", 1.0)},
+                           {"slow_pairs", c.value("slow_pairs", 0)},
+                           {"pairs", pairs}});
+        log::info("diagnose: slowdown blamed on {} {} ({})", cause, name, c.value("evidence", ""));
+      } else {
+        event("slowdown_end", {{"cause", cause}, {"blamed", name}, {"lasted_ms", c.value("lasted_ms", int64_t{0})}});
+        log::info("diagnose: slowdown on {} {} ended", cause, name);
+      }
+    }
+    json v = s.d.view();
+    v["host"] = host_name();
+    std::lock_guard l(s.mu);
+    s.latest = std::move(v);
+  } catch (const std::exception& ex) {
+    log::once(LogLevel::warn, "diagnose", std::string("diagnose: ") + ex.what());
+  }
+  s.in_look = false;
+}
+}  // namespace
+
+json diagnosis_now() {
+  State& s = st();
+  std::lock_guard l(s.mu);
+  return s.latest.is_null() ? json{{"host", host_name()}, {"state", "no data"}, {"pairs", json::array()}} : s.latest;
+}
+
+void register_diagnose(std::function<clocksync::ProbeEngine*()> engine) {
+  st().engine = std::move(engine);
+  agent::on_report([](const std::string&, const json&) { look(); });
+  agent::register_command("diagnose", [](const json&) {
+    json out = diagnosis_now();
+    // Where the other hosts' agents listen (shuntctl diagnose asks them over the peer channel)
+    json peers = json::array();
+    clocksync::ProbeEngine* e = st().engine ? st().engine() : nullptr;
+    if (e)
+      for (const auto& r : e->report()) peers.push_back({{"name", r.name}, {"addrs", r.addrs}});
+    out["peers"] = peers;
+    out["peer_port"] = config().num(Param::peer_port);
+    return out;
+  });
+}
+
+}  // namespace shunt::telemetry
