@@ -162,7 +162,8 @@ void Diagnoser::look(int64_t now_ms, const std::vector<QpLook>& qps, const std::
   // Not while a route queues: then the fabric slows this host's pairs.
   bool any_queued = false;
   for (const auto& q : queues) any_queued |= q.congested;
-  if (ready_n >= 2 && long_low == ready_n && !any_queued)
+  host_wide_ = ready_n >= 2 && long_low == ready_n && !any_queued;
+  if (host_wide_)
     for (auto& [k, p] : pairs_)
       if (p.rate >= 0 && p.based >= o_.warmup) p.slow = true;
   blame(now_ms, queues);
@@ -173,7 +174,8 @@ struct Cand {
   std::string kind, name;  // kind: link, host, path
   std::string a, b;        // link: the rail's address and the spine; host: the host; path: local, peer
   std::set<const void*> members;
-  int slow = 0;
+  int slow = 0;   // slow pairs through it
+  int named = 0;  // those, and (links) pairs whose probes through it queue
   bool queued = false;     // probes on its routes queue (links) / on any route of it (hosts)
 };
 
@@ -189,6 +191,9 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
   auto suspect = [&](const Pair& p) {
     return p.slow || (p.rate >= 0 && p.based >= o_.warmup && p.rate < o_.slow * p.base);
   };
+  std::map<std::string, std::set<std::string>> queued_to;  // spine -> the hosts its probes queue towards
+  for (const auto& q : queues)
+    if (q.congested) queued_to[q.router].insert(host_of(q.peer));
   auto add = [&](const std::string& kind, const std::string& a, const std::string& b, const Pair& p) {
     std::string name = kind == "link" ? a + " ~ " + b : kind == "host" ? a : a + " -> " + b;
     Cand& c = cands[kind + " " + name];
@@ -196,18 +201,30 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
     c.name = name;
     c.a = a;
     c.b = b;
-    if (c.members.insert(&p).second && suspect(p)) c.slow++;
+    if (!c.members.insert(&p).second) return;
+    if (suspect(p)) {
+      c.slow++;
+      c.named++;
+    } else if (kind == "link" && queued_to.count(b) && queued_to[b].count(host_of(p.peer))) {
+      c.named++;  // not slow yet, but its own route through that spine queues
+    }
   };
   for (const auto& [k, p] : pairs_) {
     if (p.based < o_.warmup || (p.rate < 0 && !p.slow)) continue;
     slow_n += suspect(p);
     confirmed |= p.slow;
+    // Which end of its route: probes through one spine that queue towards
+    // two hosts or more say this host's own uplink to it; towards one
+    // host alone, that host's link from the spine; no queue, either.
     for (const auto& r : window_routes(p)) {
       add("link", p.local, r, p);
-      add("link", p.peer, r, p);
+      auto q = queued_to.find(r);
+      if (q == queued_to.end() || q->second.size() < 2) add("link", p.peer, r, p);
     }
     add("host", host_of(p.peer), "", p);
-    add("host", host_of(p.local), "", p);
+    // This host only once every pair of it has been low for long (below):
+    // as a catch-all it would outscore the link that slows most of them.
+    if (host_wide_) add("host", host_of(p.local), "", p);
     add("path", p.local, p.peer, p);
   }
   // Probe evidence. A link: the probes through its spine queue, and some
@@ -237,7 +254,11 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
     int top_rank = -1;
     for (const auto& [id, c] : cands) {
       if (c.slow == 0) continue;
-      const double score = std::round(100.0 * c.slow * c.slow / (static_cast<double>(slow_n) * c.members.size())) / 100;
+      // (slow pairs it explains / slow pairs) x (pairs it holds back /
+      // pairs through it); a link holds back, besides its slow pairs, those
+      // whose probes through it queue (they are slow a look or two later).
+      const double score = std::round(100.0 * std::min(1.0, static_cast<double>(c.slow) / slow_n) * c.named /
+                                      static_cast<double>(c.members.size())) / 100;
       // On equal scores: a link whose probes queue there alone, then a host
       // whose routes queue alike (CPU, PCIe, NIC: not one route's fault),
       // then a link without evidence, then one path.
@@ -263,7 +284,11 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
                              : top->kind == "host"
                                  ? (top->queued ? "some of its routes queue" : "its routes queue alike or not at all: CPU, PCIe or NIC")
                                  : "one pair alone";
-      const double conf = top_score * (top_rank >= 2 ? 1.0 : 0.7);
+      // One slow pair with no probe evidence is also what a moment's stall
+      // of one guest looks like: low, whatever its score (the job-wide view
+      // counts it only where another host names the same place).
+      const bool lone = pairs.size() < 2 && !(top->kind == "link" && top->queued);
+      const double conf = lone ? 0.3 : top_score * (top_rank >= 2 ? 1.0 : 0.7);
       best = {{"cause", top->kind},
               {"name", top->name},
               {"score", top_score},

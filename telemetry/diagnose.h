@@ -102,6 +102,7 @@ class Diagnoser {
   nlohmann::json current_;                                     // the slowdown in force, or null
   std::string pending_;                                        // a new cause, not yet settled
   int pending_n_ = 0;
+  bool host_wide_ = false;  // every pair of this host low for long, no route queueing
   std::vector<nlohmann::json> changes_;
   std::vector<RouteQueue> queues_;  // the last look's
   int64_t now_ms_ = 0;

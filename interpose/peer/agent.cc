@@ -444,6 +444,8 @@ const json& members() {
   return s.members;
 }
 
+const json& members_as_reported() { return st().members; }
+
 void on_report(ReportListener l) {
   std::lock_guard lk(st().mu);
   st().report_listeners.push_back(std::move(l));

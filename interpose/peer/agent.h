@@ -40,6 +40,9 @@ void register_service(Service s);
 // report (telemetry::stats_json() plus "reported_ms"); the agent's own is
 // taken now (at most once per report interval). Agent thread only.
 const nlohmann::json& members();
+// The same without taking the agent's own snapshot: the other processes'
+// latest reports (and the agent's own as last taken, if ever). Agent thread only.
+const nlohmann::json& members_as_reported();
 
 // Called on the agent thread each time a process's report has been stored
 // in members(), with its pid and that report; for the agent's own process,

@@ -179,11 +179,11 @@ probe_agent() {
     python3 -c "import socket, time; s = socket.socket(); time.sleep(200)" > "$TMP/agent-$1.log" 2>&1 &
 }
 
-# slow_link LINK [DIVISOR]: limits LINK (up) to a DIVISOR'th (3 unless
-# given) of the rate it carried over 3 s (at least 0.3 Mbit/s; 1 s of tbf
-# queue): the rate follows the host's speed (soft-RoCE on emulated CPUs),
-# so a fixed limit may not bind. Sets sent (bytes in that window), t0 and
-# t1 (its ends) and limit (Mbit/s).
+# slow_link LINK [DIVISOR] [QUEUE_MS]: limits LINK (both ways) to a
+# DIVISOR'th (3 unless given) of the rate it carried over 3 s (at least 0.3
+# Mbit/s; QUEUE_MS of tbf queue, 1000 unless given): the rate follows the
+# host's speed (soft-RoCE on emulated CPUs), so a fixed limit may not bind.
+# Sets sent (bytes in that window), t0 and t1 (its ends) and limit (Mbit/s).
 # Sets fault_ns to h1's monotonic clock read just before the limit goes on
 # (read after it, a move that came within the read's round trip to the
 # guest, about half a second, was dated before the fault).
@@ -192,7 +192,7 @@ slow_link() {
   sent=$(delta c0 c1 "$1" up_bytes) || fail "counters of $1"
   limit=$(python3 -c "import sys; print(round(max(0.3, int(sys.argv[1]) * 8 / (float(sys.argv[3]) - float(sys.argv[2])) / 1e6 / int(sys.argv[4])), 2))" "$sent" "$t0" "$t1" "${2:-3}")
   fault_ns=$(fab exec h1 -- python3 -c 'import time; print(time.monotonic_ns())')
-  fab fault rate "$1" "$limit" --queue-ms 1000 >/dev/null || fail "rate $1"
+  fab fault rate "$1" "$limit" --queue-ms "${3:-1000}" >/dev/null || fail "rate $1"
 }
 
 sport_seen() {

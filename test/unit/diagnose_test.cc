@@ -153,6 +153,21 @@ TEST(Diagnose, OwnUplinkThatEveryPairTakesIsBlamedByItsProbes) {
   EXPECT_EQ(j.events.front()["name"], "10.0.0.1 ~ s1");
 }
 
+// This host's uplink to a spine, with only one of the pairs through it
+// slow so far: the probes through that spine queue towards two hosts, so
+// it is this end of the route, not the slow pair's peer's.
+TEST(Diagnose, ProbesQueueingTowardsTwoHostsThroughOneSpineNameTheUplink) {
+  Job j;
+  for (int s = 0; s < 20; s++) j.second();
+  j.qs[1].rate /= 4;  // 10.0.0.3 via s2; 10.0.0.5 via s2 not (yet) slow
+  j.queues = {{"10.0.0.3", "s2", 2e8, true}, {"10.0.0.5", "s2", 2e8, true}, {"10.0.0.3", "s1", 1e4, false},
+              {"10.0.0.2", "s1", 1e4, false}};
+  for (int s = 0; s < 8; s++) j.second();
+  ASSERT_FALSE(j.events.empty());
+  EXPECT_EQ(j.events.front()["cause"], "link") << j.events.front().dump();
+  EXPECT_EQ(j.events.front()["name"], "10.0.0.1 ~ s2");
+}
+
 // Every pair of this host at once is what a guest starved of CPU for a
 // while looks like from inside: not blamed for a few seconds; blamed on
 // this host when it lasts (a hog, its NIC, its PCIe link).

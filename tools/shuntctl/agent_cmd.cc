@@ -113,6 +113,8 @@ void print_sockets(std::ostream& out, const json& a) {
 
 // Sends `req` to the agent: its answer, or nullopt with *rc set and the
 // reason on stderr.
+}  // namespace
+
 std::optional<json> ask_agent(const json& req, int* rc) {
   const char* rd = getenv("SHUNT_RUN_DIR");
   std::string refused;
@@ -133,6 +135,7 @@ std::optional<json> ask_agent(const json& req, int* rc) {
   return ans;
 }
 
+namespace {
 // Why each process in mode off turned shunt off, from its own report.
 void print_off_reasons(std::ostream& out, const json& status) {
   bool any = false;

@@ -1,10 +1,16 @@
 // shuntctl commands answered by the host agent over its control socket.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <string>
 
 namespace shunt::ctl {
+
+// Sends `req` to this host's agent: its answer, or nullopt with *rc set
+// (2: no agent answered, 1: it answered an error) and the reason on stderr.
+std::optional<nlohmann::json> ask_agent(const nlohmann::json& req, int* rc);
 
 // Sends `cmd` to the agent and prints the answer (plain or --json).
 // Returns the exit status: 0, 2 when no agent answers, 1 on a command error.

@@ -6,6 +6,7 @@
 #include "tools/common/cli_exit.h"
 #include "tools/shuntctl/agent_cmd.h"
 #include "tools/shuntctl/config_cmd.h"
+#include "tools/shuntctl/diagnose_cmd.h"
 #include "tools/shuntctl/telemetry_cmd.h"
 
 int main(int argc, char** argv) {
@@ -46,6 +47,11 @@ int main(int argc, char** argv) {
   top->add_flag("--json", live.json, "One JSON object per refresh");
   top->add_option("--interval", live.interval_ms, "Milliseconds between refreshes")->check(CLI::Range(10, 60000));
   top->add_option("-n,--iterations", live.iterations, "Stop after this many refreshes (0: never)");
+  shunt::ctl::DiagnoseArgs da;
+  auto* diagnose = app.add_subcommand("diagnose", "Why the job is slow: the link, host or path blamed, with every peer pair's rate");
+  diagnose->add_flag("--json", da.json, "JSON output");
+  diagnose->add_flag("--local", da.local, "This host's view alone (do not ask the other hosts' agents)");
+  diagnose->add_option("--timeout", da.timeout_ms, "Milliseconds to wait for each other host")->check(CLI::Range(100, 60000));
   shunt::ctl::ProbingArgs pa;
   auto* probing = app.add_subcommand(
       "probing", "Pause the host's probe engine (every host of the job at the same time, to price probing), or end a pause");
@@ -58,6 +64,7 @@ int main(int argc, char** argv) {
   probing->add_flag("--resume", pa.resume, "End the pauses now")->excludes("--pause");
   probing->add_flag("--json", json, "JSON output");
   if (int rc = shunt::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (diagnose->parsed()) return shunt::ctl::diagnose_command(std::cout, da);
   if (probing->parsed()) return shunt::ctl::probing_command(std::cout, pa, json);
   if (paths->parsed()) return shunt::ctl::paths_command(std::cout, live);
   if (events->parsed()) return shunt::ctl::events_command(std::cout, live);

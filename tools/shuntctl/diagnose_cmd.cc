@@ -1,0 +1,181 @@
+#include "tools/shuntctl/diagnose_cmd.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "interpose/core/json_text.h"
+#include "interpose/peer/channel.h"
+#include "tools/shuntctl/agent_cmd.h"
+
+namespace shunt::ctl {
+
+namespace {
+using nlohmann::json;
+
+std::string fmt_rate(const json& v) {
+  if (!v.is_number()) return "-";
+  double b = v.get<double>();
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB/s", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB/s", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB/s", b / 1e3);
+  return buf;
+}
+
+// Every host's view: this host's first, then its probe peers' (those that answer).
+json gather(const json& own, const DiagnoseArgs& a, std::vector<std::string>* unanswered) {
+  json hosts = json::array({own});
+  if (a.local) return hosts;
+  std::string key = getenv("SHUNT_JOB_KEY") ? getenv("SHUNT_JOB_KEY") : "";
+  if (key.empty() && getenv("SHUNT_JOB_KEY_FILE")) {
+    std::ifstream f(getenv("SHUNT_JOB_KEY_FILE"));
+    std::getline(f, key);
+  }
+  const json& peers = own.value("peers", json::array());
+  if (peers.empty()) return hosts;
+  if (key.empty()) {
+    unanswered->push_back("the other hosts (no SHUNT_JOB_KEY here: set the job's key to ask them)");
+    return hosts;
+  }
+  const int port = own.value("peer_port", 0);
+  for (const auto& p : peers) {
+    std::vector<std::string> addrs;
+    for (const auto& x : p.value("addrs", json::array()))
+      if (x.is_string() && !x.get<std::string>().empty()) addrs.push_back(x.get<std::string>());
+    std::string err;
+    size_t winner = 0;
+    auto ans = addrs.empty() ? std::nullopt
+                             : peer::race(addrs, port, peer::job_key_from(key), {{"cmd", "diagnose"}}, a.timeout_ms,
+                                          &winner, &err);
+    if (ans && ans->is_object() && !ans->contains("error")) hosts.push_back(*ans);
+    else unanswered->push_back(p.value("name", "?") + (err.empty() ? "" : " (" + err + ")"));
+  }
+  return hosts;
+}
+
+// The job's verdict: the places the hosts blame, the one most hosts name
+// first (then the most slow pairs). A place is a host's addresses: a link
+// is at its host's leaf; the hosts' names of one place differ (each sees a
+// spine at the address of its own leaf's link; one sees a link where
+// another, with no probe evidence, sees the host), so they are grouped by
+// address, shown as a link when any host has the evidence for one, under
+// the name the host at that place gives it when it is among them.
+json verdict(const json& hosts) {
+  std::map<std::string, std::string> place_of;  // address -> place id
+  std::map<std::string, json> by;
+  for (const auto& h : hosts) {
+    const json& s = h.value("slowdown", json());
+    if (!s.is_object()) continue;
+    std::string id;
+    for (const auto& a : s.value("at", json::array()))
+      if (a.is_string() && place_of.count(a.get<std::string>())) id = place_of[a.get<std::string>()];
+    if (id.empty()) id = s.value("cause", "") + " " + s.value("name", "");
+    for (const auto& a : s.value("at", json::array()))
+      if (a.is_string()) place_of[a.get<std::string>()] = id;
+    json& v = by[id];
+    if (v.is_null()) v = {{"cause", s["cause"]}, {"name", s["name"]}, {"hosts", json::array()}, {"pairs", json::array()},
+                          {"worst_factor", 1.0}, {"confidence", s.value("confidence", "")}, {"evidence", json::array()}};
+    // The host at that place names it best; a link beats a host.
+    bool own = false;
+    for (const auto& p : h.value("pairs", json::array()))
+      for (const auto& a : s.value("at", json::array())) own |= p.value("local", "") == a;
+    const bool link = s.value("cause", "") == "link";
+    if ((link && v["cause"] != "link") || (own && (link || v["cause"] != "link"))) {
+      v["cause"] = s["cause"];
+      v["name"] = s["name"];
+      v["confidence"] = s.value("confidence", "");
+    }
+    v["hosts"].push_back(h.value("host", "?"));
+    for (const auto& p : s.value("pairs", json::array())) v["pairs"].push_back(p);
+    v["worst_factor"] = std::min(v["worst_factor"].get<double>(), s.value("worst_factor", 1.0));
+    v["evidence"].push_back(h.value("host", "?") + ": " + s.value("cause", "") + " " + s.value("name", "") + ", " +
+                            s.value("evidence", ""));
+  }
+  json out = json::array();
+  for (auto& [id, v] : by) {
+    // One host's low-confidence word (one slow pair, no evidence) is a
+    // place to watch, not the job's verdict.
+    v["watch"] = v["hosts"].size() < 2 && v.value("confidence", "") == "low";
+    out.push_back(v);
+  }
+  std::sort(out.begin(), out.end(), [](const json& x, const json& y) {
+    if (x["watch"] != y["watch"]) return y["watch"].get<bool>();
+    if (x["hosts"].size() != y["hosts"].size()) return x["hosts"].size() > y["hosts"].size();
+    if (x["pairs"].size() != y["pairs"].size()) return x["pairs"].size() > y["pairs"].size();
+    return x["worst_factor"].get<double>() < y["worst_factor"].get<double>();
+  });
+  return out;
+}
+}  // namespace
+
+int diagnose_command(std::ostream& out, const DiagnoseArgs& a) {
+  int rc = 0;
+  auto own = ask_agent({{"cmd", "diagnose"}}, &rc);
+  if (!own) return rc;
+  std::vector<std::string> unanswered;
+  json hosts = gather(*own, a, &unanswered);
+  json all = verdict(hosts), causes = json::array(), watch = json::array();
+  for (auto& c : all) (c.value("watch", false) ? watch : causes).push_back(c);
+  if (a.json) {
+    json u = json::array();
+    for (auto& s : unanswered) u.push_back(s);
+    out << to_text(json{{"state", causes.empty() ? "healthy" : "slow"}, {"causes", causes}, {"watch", watch},
+                        {"hosts", hosts}, {"unanswered", u}},
+                   2)
+        << "\n";
+    return 0;
+  }
+  if (causes.empty()) {
+    bool warming = false;
+    for (const auto& h : hosts) warming |= h.value("state", "") == "warming up" || h.value("state", "") == "no data";
+    out << "job: " << (warming ? "no slowdown seen (some pairs have no baseline yet)" : "healthy") << "\n";
+  }
+  for (const auto& c : causes) {
+    std::string hs;
+    for (const auto& h : c["hosts"]) hs += (hs.empty() ? "" : ", ") + h.get<std::string>();
+    char f[16];
+    std::snprintf(f, sizeof f, "%.2f", c["worst_factor"].get<double>());
+    out << "SLOW: " << c["cause"].get<std::string>() << " " << c["name"].get<std::string>() << " (confidence "
+        << c.value("confidence", "") << ", slowest pair at " << f << "x its baseline), named by " << hs << "\n";
+    for (const auto& e : c["evidence"]) out << "  " << e.get<std::string>() << "\n";
+  }
+  for (const auto& c : watch) {
+    out << "watch: " << c["cause"].get<std::string>() << " " << c["name"].get<std::string>()
+        << " (one slow pair, no probe evidence), seen by " << c["hosts"][0].get<std::string>() << "\n";
+  }
+  // Every pair, worst first.
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& h : hosts)
+    for (const auto& p : h.value("pairs", json::array())) {
+      const json& f = p.value("factor", json());
+      std::string routes;
+      for (const auto& r : p.value("routes", json::array())) routes += (routes.empty() ? "" : ",") + r.get<std::string>();
+      char line[256];
+      std::snprintf(line, sizeof line, "%-12s %-16s %-16s %11s %11s %7s %-5s %s", h.value("host", "?").c_str(),
+                    p.value("local", "").c_str(), p.value("peer", "").c_str(), fmt_rate(p.value("rate_Bps", json())).c_str(),
+                    fmt_rate(p.value("baseline_Bps", json())).c_str(),
+                    f.is_number() ? (std::to_string(f.get<double>()).substr(0, 4) + "x").c_str() : "-",
+                    p.value("slow", false) ? "SLOW" : "ok", routes.empty() ? "-" : routes.c_str());
+      rows.push_back({f.is_number() ? f.get<double>() : 9.0, line});
+    }
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  if (!rows.empty()) {
+    char head[256];
+    std::snprintf(head, sizeof head, "%-12s %-16s %-16s %11s %11s %7s %-5s %s", "host", "local", "peer", "busy rate",
+                  "baseline", "ratio", "state", "spines");
+    out << head << "\n";
+    for (auto& [f, l] : rows) out << l << "\n";
+  }
+  for (const auto& u : unanswered) out << "not asked or no answer: " << u << "\n";
+  return 0;
+}
+
+}  // namespace shunt::ctl

@@ -1,0 +1,16 @@
+// `shuntctl diagnose`: why the job is slow, job-wide. This host's agent
+// answers with its own view and where its probe peers' agents listen; each
+// of them is asked over the peer channel (with SHUNT_JOB_KEY) for its own.
+#pragma once
+#include <ostream>
+
+namespace shunt::ctl {
+
+struct DiagnoseArgs {
+  bool json = false;
+  bool local = false;  // this host alone
+  int timeout_ms = 2000;
+};
+int diagnose_command(std::ostream& out, const DiagnoseArgs& a);
+
+}  // namespace shunt::ctl
