@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# timeout: 420
-# Workload diagnosis on a live job: a 4-rank all-to-all (pin spreading, so
+# Workload diagnosis on a live job, checked on the guests (part of `make
+# bench`, not of `make test`: on four guests sharing two host cores about one
+# run in four still sees a false alarm or misses the hog; each run prints
+# its delays, and exits 1 when a check fails): a 4-rank all-to-all (pin spreading, so
 # nothing steers around the fault; every other setting libshunt's default),
 # four guests under one rail and two spines.
 # - No fault for the first stretch: every host's `shuntctl diagnose` finds
@@ -12,16 +14,18 @@
 #   seconds, and the job-wide `shuntctl diagnose` (asked on h2, so through
 #   the other agents, about once a second) names it first within JOB_S; the
 #   pairs it names all have h1 at one end.
-# - Healed: h1 logs the slowdown's end within DIAG_S seconds, and within
-#   HEAL_S no host blames that link or h1 any more (pairs to h1 stay slow
-#   a while on the guests: rxe's go-back-N after the drops).
+# - Healed: within HEAL_S seconds h1 logs the slowdown's end and no host
+#   blames that link or h1 any more (the pairs through it stay slow for
+#   2-12 s after healing on the guests: rxe's go-back-N after the drops;
+#   the slowdown ends when they are back at three quarters of their rate).
 # - Then a CPU hog in h3 for 60 s (a real-time process that spins 60 ms in
 #   every 100: a plain busy loop at the job's priority takes little from a
 #   rank that polls anyway): the job-wide diagnosis names h3 first, as the
 #   host (or, where one host's probes to h3 queued on one route only, as
 #   h3's leaf link: said, not failed; the kind is in the PASS line).
 # The job's data is whole (#wrong 0) and it exits 0.
-. "$(dirname "$0")/lib.sh"
+SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$SHUNT_ROOT/test/fabric/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
 CTL=$B/bin/shuntctl
@@ -147,7 +151,7 @@ for p in "${pids[@]}"; do wait "$p" || { tail -n 20 "$TMP"/rank*.out; fail "a ra
 grep -v '^#' "$TMP/rank0.out" | awk '$1 ~ /^[0-9]+$/ && NF == 13 { n++; if ($9 != 0) bad = 1 } END { exit bad || !n }' ||
   { cat "$TMP/rank0.out"; fail "#wrong not 0"; }
 fab exec h1 -- cat /tmp/ev0.jsonl > "$TMP/ev0.jsonl"
-python3 - "$TMP/ev0.jsonl" "$want" "$fault_wall" "$heal_wall" "$DIAG_S" <<'PY' || fail "h1's event log"
+python3 - "$TMP/ev0.jsonl" "$want" "$fault_wall" "$heal_wall" "$DIAG_S" "$HEAL_S" <<'PY' || fail "h1's event log"
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 fault, heal = float(sys.argv[3]), float(sys.argv[4])
@@ -165,7 +169,8 @@ assert start and start["cause"] == "link", "h1 never blamed " + sys.argv[2]
 assert end, "no end of the link's slowdown after healing"
 a, b = start["wall_ns"] / 1e9 - fault, end["wall_ns"] / 1e9 - heal
 print("h1's log: the link blamed %.1f s after the fault, its slowdown ended %.1f s after healing" % (a, b))
-assert a <= float(sys.argv[5]) and b <= float(sys.argv[5]), "not within %s s" % sys.argv[5]
+assert a <= float(sys.argv[5]), "blamed after %.1f s, not within %s s" % (a, sys.argv[5])
+assert b <= float(sys.argv[6]), "ended %.1f s after healing, not within %s s" % (b, sys.argv[6])
 PY
 [ -n "$hogged" ] || { cat "$TMP/hog.json"; fail "the CPU hog in h3 was not blamed on h3 within 55 s: $s"; }
 [ "$got" -le "$JOB_S" ] || fail "the job-wide diagnosis named the slow link after $got s, not within $JOB_S"
