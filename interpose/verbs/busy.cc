@@ -2,16 +2,17 @@
 
 #include <arpa/inet.h>
 
-#include <cstring>
+#include <cstdio>
 #include <random>
+#include <string>
 
+#include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
 
 namespace shunt::verbs {
 
 namespace {
-// Sampler state of one QP record (records are never freed, so the address
-// is a stable key). Agent thread only.
+// Sampler state of one QP record. Agent thread only.
 struct Seen {
   int64_t at_ms = -1;
   uint64_t sent = 0;    // sig_sends at the last look
@@ -27,13 +28,14 @@ uint64_t errors(const QpStats& s) {
 }  // namespace
 
 int sample_busy(int64_t now_ms) {
-  static auto* seen = new std::vector<std::pair<const QpRecord*, Seen>>;  // never freed: exit races the agent thread
+  // By position: for_each_qp visits the records in the order they were
+  // made, and they are never freed nor reordered.
+  static auto* seen = new std::vector<Seen>;  // never freed: exit races the agent thread
   int busy = 0;
   size_t i = 0;
   for_each_qp([&](const QpRecord& r) {
-    if (i == seen->size()) seen->push_back({&r, Seen{}});
-    Seen& s = (*seen)[i].first == &r ? (*seen)[i].second : (seen->at(i) = {&r, Seen{}}).second;
-    i++;
+    if (i == seen->size()) seen->push_back(Seen{});
+    Seen& s = (*seen)[i++];
     if (r.destroyed.load(std::memory_order_relaxed) || r.shadow_of || r.type != IBV_QPT_RC) return;
     const uint64_t sent = total(r.s, [](const HotCounters& h) -> auto& { return h.sig_sends; });
     const uint64_t ok = total(r.s, [](const HotCounters& h) -> auto& { return h.send_done; });
@@ -57,10 +59,9 @@ namespace {
 // A GID as an address: the IPv4 of an IPv4-mapped GID (RoCE v2), else the
 // IPv6 text; "" for a GID that is no IP address (link-local InfiniBand).
 void gid_text(const ibv_gid& g, char* out, size_t n) {
-  static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   out[0] = 0;
-  if (std::memcmp(g.raw, v4, 12) == 0)
-    inet_ntop(AF_INET, g.raw + 12, out, static_cast<socklen_t>(n));
+  if (std::string v4; gid_v4(g, &v4))
+    snprintf(out, n, "%s", v4.c_str());
   else if (g.raw[0] != 0xfe || (g.raw[1] & 0xc0) != 0x80)  // fe80::/10 says nothing of the route
     inet_ntop(AF_INET6, g.raw, out, static_cast<socklen_t>(n));
 }
