@@ -248,6 +248,7 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
     c.queued = c.kind == "link" ? here && elsewhere_calm : any && !all;
   }
   json best;
+  bool evident = false;  // the cause is a link whose probes queue
   if (confirmed) {
     const Cand* top = nullptr;
     double top_score = -1;
@@ -287,7 +288,8 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
       // One slow pair with no probe evidence is also what a moment's stall
       // of one guest looks like: low, whatever its score (the job-wide view
       // counts it only where another host names the same place).
-      const bool lone = pairs.size() < 2 && !(top->kind == "link" && top->queued);
+      evident = top->kind == "link" && top->queued;
+      const bool lone = pairs.size() < 2 && !evident;
       const double conf = lone ? 0.3 : top_score * (top_rank >= 2 ? 1.0 : 0.7);
       best = {{"cause", top->kind},
               {"name", top->name},
@@ -328,8 +330,7 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
     // One slow pair with no probe evidence (a peer named by the one pair
     // this host has to it) is what a guest's moment short of CPU looks
     // like too: it must hold twice as long.
-    const bool evident = best.value("cause", "") == "link" && best.value("evidence", "").rfind("probes through", 0) == 0;
-    const bool lone = best.value("pairs", json::array()).size() < 2;
+    const bool lone = best["pairs"].size() < 2;
     const int need = evident ? o_.settle - 1 : lone ? 2 * o_.settle : o_.settle;
     if (pending_n_ < need) return;  // the cause in force (or none) stays until then
   }
@@ -385,11 +386,26 @@ std::vector<json> Diagnoser::take_changes() {
   return out;
 }
 
-std::vector<QpLook> qp_looks(const json& members) {
+std::vector<BundlePath> bundle_paths_of(const json& b) {
+  std::vector<BundlePath> out;
+  if (!b.is_object() || !b.contains("primary") || !b["primary"].is_object()) return out;
+  auto one = [&](const json& p) {
+    if (!p.is_object()) return;
+    const json& sp = p.value("udp_sport", json());
+    out.push_back({p.value("router", ""), p.value("bytes", uint64_t{0}),
+                   sp.is_number_unsigned() ? static_cast<int>(sp.get<uint16_t>()) : -1});
+  };
+  one(b["primary"]);
+  if (b.contains("paths") && b["paths"].is_array())
+    for (const auto& p : b["paths"]) one(p);
+  return out;
+}
+
+std::vector<QpLook> qp_looks(const json& members, const std::string& skip) {
   std::vector<QpLook> out;
   if (!members.is_object()) return out;
   for (const auto& [pid, m] : members.items()) {
-    if (!m.is_object() || m.value("final", false)) continue;
+    if (pid == skip || !m.is_object() || m.value("final", false)) continue;
     auto v = m.find("verbs");
     if (v == m.end() || !v->is_object() || !v->contains("qps") || !(*v)["qps"].is_array()) continue;
     for (const auto& q : (*v)["qps"]) {
@@ -401,16 +417,8 @@ std::vector<QpLook> qp_looks(const json& members) {
       l.peer = q["peer"].get<std::string>();
       l.bytes = q.value("send_bytes", uint64_t{0});
       l.busy_ms = q.value("busy_ms", uint64_t{0});
-      const json& b = q.value("bundle", json());
-      if (b.is_object() && b.contains("primary") && b["primary"].is_object()) {
-        const json& pr = b["primary"];
-        l.routes.push_back({pr.value("router", ""), pr.value("bytes", uint64_t{0})});
-        if (b.contains("paths") && b["paths"].is_array())
-          for (const auto& p : b["paths"])
-            if (p.is_object()) l.routes.push_back({p.value("router", ""), p.value("bytes", uint64_t{0})});
-      } else {
-        l.routes.push_back({"", l.bytes});
-      }
+      for (const auto& p : bundle_paths_of(q.value("bundle", json()))) l.routes.push_back({p.router, p.bytes});
+      if (l.routes.empty()) l.routes.push_back({"", l.bytes});
       out.push_back(std::move(l));
     }
   }

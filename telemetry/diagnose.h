@@ -108,7 +108,17 @@ class Diagnoser {
   int64_t now_ms_ = 0;
 };
 
-// The QPs of the host agent's members (pid -> stats_json report) as looks.
-std::vector<QpLook> qp_looks(const nlohmann::json& members);
+// One path of a bundle as its JSON (bundle_json) gives it: the primary
+// first, then the shadows.
+struct BundlePath {
+  std::string router;  // "" where path discovery found none
+  uint64_t bytes = 0;
+  int udp_sport = -1;  // -1 where unknown
+};
+std::vector<BundlePath> bundle_paths_of(const nlohmann::json& bundle);
+
+// The QPs of the host agent's members (pid -> stats_json report) as looks,
+// but those of process `skip` ("" for none).
+std::vector<QpLook> qp_looks(const nlohmann::json& members, const std::string& skip = "");
 
 }  // namespace shunt::telemetry

@@ -45,28 +45,18 @@ std::string host_name() {
 
 // The probes' queues per route: each source path's port is a bundle path's,
 // whose spine path discovery found (the members' bundles say which).
-std::vector<RouteQueue> route_queues(clocksync::ProbeEngine* e, const json& members,
+std::vector<RouteQueue> route_queues(clocksync::ProbeEngine* e, const json& members, const std::string& skip,
                                      const std::map<uint16_t, std::string>& own_ports, Diagnoser& d) {
   std::vector<RouteQueue> out;
   if (!e) return out;
   std::map<uint16_t, std::string> router = own_ports;  // source port -> spine
   for (const auto& [pid, m] : members.items()) {
-    (void)pid;
-    if (!m.is_object() || !m.contains("verbs") || !m["verbs"].is_object()) continue;
+    if (pid == skip || !m.is_object() || !m.contains("verbs") || !m["verbs"].is_object()) continue;
     const json& qps = m["verbs"].value("qps", json::array());
     if (!qps.is_array()) continue;
-    for (const auto& q : qps) {
-      const json& b = q.is_object() ? q.value("bundle", json()) : json();
-      if (!b.is_object()) continue;
-      auto note = [&](const json& p) {
-        if (p.is_object() && p.value("udp_sport", json()).is_number_unsigned() && p.value("router", json()).is_string() &&
-            !p["router"].get<std::string>().empty())
-          router[p["udp_sport"].get<uint16_t>()] = p["router"].get<std::string>();
-      };
-      note(b.value("primary", json()));
-      if (b.contains("paths") && b["paths"].is_array())
-        for (const auto& p : b["paths"]) note(p);
-    }
+    for (const auto& q : qps)
+      for (const auto& p : bundle_paths_of(q.is_object() ? q.value("bundle", json()) : json()))
+        if (p.udp_sport >= 0 && !p.router.empty()) router[static_cast<uint16_t>(p.udp_sport)] = p.router;
   }
   d.set_host(host_name(), e->config().local_addrs);
   for (const auto& r : e->report()) {
@@ -123,15 +113,9 @@ std::vector<QpLook> own_looks() {
     if (read_routes && r.bundle.load()) {
       std::map<std::string, uint64_t> now;
       const json b = verbs::bundle_json(r);
-      auto note = [&](const json& p) {
-        if (!p.is_object()) return;
-        now[p.value("router", "")] += p.value("bytes", uint64_t{0});
-        if (p.value("udp_sport", json()).is_number_unsigned() && !p.value("router", "").empty())
-          own_ports()[p["udp_sport"].get<uint16_t>()] = p.value("router", "");
-      };
-      if (b.is_object() && b.contains("primary")) {
-        note(b["primary"]);
-        for (const auto& p : b.value("paths", json::array())) note(p);
+      for (const auto& p : bundle_paths_of(b)) {
+        now[p.router] += p.bytes;
+        if (p.udp_sport >= 0 && !p.router.empty()) own_ports()[static_cast<uint16_t>(p.udp_sport)] = p.router;
       }
       uint64_t moved = 0;
       for (const auto& [k, v] : now) moved += v - std::min(v, rt.last.count(k) ? rt.last[k] : 0);
@@ -162,13 +146,13 @@ void look() {
   try {
     // The other processes' reports as they came, the agent's own process
     // from its records.
-    json members = agent::members_as_reported();
-    members.erase(std::to_string(getpid()));
+    const json& members = agent::members_as_reported();
+    const std::string own_pid = std::to_string(getpid());
     clocksync::ProbeEngine* e = s.engine ? s.engine() : nullptr;
-    auto looks = qp_looks(members);
+    auto looks = qp_looks(members, own_pid);
     auto own = own_looks();
     looks.insert(looks.end(), own.begin(), own.end());
-    auto queues = route_queues(e, members, own_ports(), s.d);
+    auto queues = route_queues(e, members, own_pid, own_ports(), s.d);
     s.d.look(now, looks, queues);
     for (const auto& c : s.d.take_changes()) {
       const std::string kind = c.value("event", "");
