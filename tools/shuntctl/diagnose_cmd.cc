@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -11,34 +10,30 @@
 #include <string>
 #include <vector>
 
+#include "interpose/core/config.h"
 #include "interpose/core/json_text.h"
 #include "interpose/peer/channel.h"
 #include "tools/shuntctl/agent_cmd.h"
+#include "tools/shuntctl/telemetry_cmd.h"
+
+extern char** environ;
 
 namespace shunt::ctl {
 
 namespace {
 using nlohmann::json;
 
-std::string fmt_rate(const json& v) {
-  if (!v.is_number()) return "-";
-  double b = v.get<double>();
-  char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB/s", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB/s", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.0f kB/s", b / 1e3);
-  return buf;
-}
+std::string fmt_rate(const json& v) { return v.is_number() ? rate(v.get<double>()) : "-"; }
 
 // Every host's view: this host's first, then its probe peers' (those that answer).
 json gather(const json& own, const DiagnoseArgs& a, std::vector<std::string>* unanswered) {
   json hosts = json::array({own});
   if (a.local) return hosts;
-  std::string key = getenv("SHUNT_JOB_KEY") ? getenv("SHUNT_JOB_KEY") : "";
-  if (key.empty() && getenv("SHUNT_JOB_KEY_FILE")) {
-    std::ifstream f(getenv("SHUNT_JOB_KEY_FILE"));
-    std::getline(f, key);
-  }
+  // The job's key as libshunt reads it (SHUNT_JOB_KEY, else the first line of SHUNT_JOB_KEY_FILE)
+  std::vector<ConfigError> errors;
+  std::vector<std::string> warnings;
+  const std::string key = load_config([](const char* n) { return getenv(n); }, &errors, &warnings, environ)
+                              .str(Param::job_key);
   const json& peers = own.value("peers", json::array());
   if (peers.empty()) return hosts;
   if (key.empty()) {

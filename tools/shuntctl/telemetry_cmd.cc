@@ -50,17 +50,6 @@ double now_s() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-std::string rate(double bytes_per_s) {
-  const char* u[] = {"B/s", "kB/s", "MB/s", "GB/s", "TB/s"};
-  int i = 0;
-  while (bytes_per_s >= 1000 && i < 4) {
-    bytes_per_s /= 1000;
-    i++;
-  }
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(i ? 1 : 0) << bytes_per_s << " " << u[i];
-  return s.str();
-}
 
 std::string delay(double ns) {
   if (ns < 0) return "-";
@@ -275,6 +264,18 @@ void print_event(std::ostream& out, const json& e) {
   out << "\n";
 }
 }  // namespace
+
+std::string rate(double bytes_per_s) {
+  const char* u[] = {"B/s", "kB/s", "MB/s", "GB/s", "TB/s"};
+  int i = 0;
+  while (bytes_per_s >= 1000 && i < 4) {
+    bytes_per_s /= 1000;
+    i++;
+  }
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(i ? 1 : 0) << bytes_per_s << " " << u[i];
+  return s.str();
+}
 
 int paths_command(std::ostream& out, const LiveOptions& o) {
   auto a = ask();

@@ -15,6 +15,9 @@ struct LiveOptions {
   std::string file;        // events: read this log instead of asking the agent
 };
 
+// A rate as text: "0 B/s", "12.3 kB/s", ... "1.2 GB/s".
+std::string rate(double bytes_per_s);
+
 int paths_command(std::ostream& out, const LiveOptions& o);
 int events_command(std::ostream& out, const LiveOptions& o);
 int top_command(std::ostream& out, const LiveOptions& o);
