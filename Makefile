@@ -31,7 +31,7 @@ CFLAGS_BASE   := -std=gnu11 $(OPT) $(DBG) $(WARN) -D_GNU_SOURCE $(SAN)
 # Library: every .cc under the library's parts. exports.cc and *_exports.cc files define the
 # interposed entry points and go only into the .so; everything else also goes
 # into a static archive that the unit tests and tools link.
-LIB_DIRS    := interpose/core interpose/verbs interpose/socket interpose/peer clocksync telemetry
+LIB_DIRS    := interpose/core interpose/verbs interpose/verbs/bundle interpose/socket interpose/peer clocksync telemetry
 LIB_SRCS    := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cc))
 CORE_SRCS   := $(filter-out %/exports.cc %_exports.cc,$(LIB_SRCS))
 LIB_OBJS    := $(patsubst %.cc,$(BUILD)/obj/%.o,$(LIB_SRCS))
@@ -41,6 +41,9 @@ LIB_LIBS    := -libverbs -ldl -lpthread
 SHUNT_SO    := $(BUILD)/lib/libshunt.so
 RDMACM_SHIM := $(BUILD)/lib/libshunt-rdmacm.so
 CORE_A      := $(BUILD)/lib/libshunt_core.a
+# The bundle's test hooks: linked into the unit tests and the
+# microbenchmark, never into libshunt.so.
+TESTHOOK_OBJS := $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard interpose/verbs/bundle/testing/*.cc))
 VERSION_MAP := $(BUILD)/shunt.map
 
 # Tools: each tools/<name>/ with .cc files becomes build/bin/<name>; a
@@ -148,7 +151,7 @@ $(foreach l,$(TPROG_LIBS),$(eval $(patsubst %_lib.so,%,$(l)): $(l)))
 # which stays at $(OPT): unoptimized, they build in about half the time.
 UNIT_OPT ?= -O0
 $(patsubst %.cc,$(BUILD)/obj/%.o,$(UNIT_SRCS)): CXXFLAGS_BASE += $(UNIT_OPT)
-$(UNIT_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(UNIT_SRCS)) $(CORE_A)
+$(UNIT_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(UNIT_SRCS)) $(TESTHOOK_OBJS) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
 	  -lgtest -lgtest_main $(LIB_LIBS)
@@ -180,7 +183,7 @@ tsan:
 	TSAN_OPTIONS=halt_on_error=1 build-tsan/test/unit_tests
 
 # ---------------------------------------------------------------- bench
-$(MICRO_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(MICRO_SRCS)) $(CORE_A)
+$(MICRO_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(MICRO_SRCS)) $(TESTHOOK_OBJS) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $(filter %.o,$^) -Wl,--whole-archive $(CORE_A) -Wl,--no-whole-archive \
 	  -lbenchmark -lpthread $(LIB_LIBS)

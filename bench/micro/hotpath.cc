@@ -9,6 +9,7 @@
 
 #include "interpose/core/runtime.h"
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/stats_file.h"
 

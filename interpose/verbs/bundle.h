@@ -99,35 +99,4 @@ nlohmann::json bundle_answer(const nlohmann::json& req);
 std::string bundle_dir();
 int bundle_locate(const std::string& gid_hex, uint32_t qpn);
 
-// Unit tests and the microbenchmark: an active bundle over hand-built
-// shadow QPs (no peer, nothing created, no failover worker), and its removal.
-Bundle* bundle_attach_for_test(QpRecord* r, const std::vector<ibv_qp*>& shadows);
-void bundle_detach_for_test(QpRecord* r);
-// SHUNT_SPREAD as read at activation (0 pin, 1 flowlet, 2 split, 3 auto).
-void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min);
-// The router path discovery saw a path's port take (-1: the application's QP).
-void bundle_router_for_test(QpRecord* r, int path, const std::string& router);
-// Where two-sided work goes: -1 the application's QP, a path, -2 moving.
-int bundle_carrier_for_test(QpRecord* r);
-// The second half of a carrier move, with the peer's count of consumed
-// messages given: what is replayed, what completions are owed.
-bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
-// Shunt's probe on a path (as after a renewal), with the failover worker
-// that polls it; and whether it is still out.
-void bundle_probe_for_test(QpRecord* r, int path);
-bool bundle_probation_for_test(QpRecord* r, int path);
-// One look of the stall watch at the bundle, at time now_ms, with the port's
-// last retransmission at retx_ms; returns how many paths it failed.
-int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms);
-// What the host agent's probes say of the shadows' source ports on the
-// bundle's own NIC ((port, alive) pairs): fails those whose probes are lost.
-int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive);
-// Whether a failed path is to be renewed now (its route came back), cleared.
-bool bundle_renew_now_for_test(QpRecord* r);
-// Puts a failed path back in service as a renewal does (on probation).
-void bundle_back_in_service_for_test(QpRecord* r, int path);
-// A port event as the watch thread handles it (its failover worker not
-// woken); returns the bundles touched.
-int bundle_port_event_for_test(const std::string& device, int port, bool up);
-
 }  // namespace shunt::verbs

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/registry.h"

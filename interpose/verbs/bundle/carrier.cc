@@ -1,0 +1,274 @@
+// Carrier moves: deciding one, its prepare/commit messages with the peer, and the return of paths to their home routers.
+#include "interpose/verbs/bundle/parts.h"
+
+#include <unistd.h>
+#include <algorithm>
+#include <thread>
+
+#include "interpose/core/log.h"
+#include "interpose/core/mono.h"
+#include "interpose/core/runtime.h"
+
+namespace shunt::verbs::bundle {
+
+// Moves two-sided work off a failed carrier (the deciding side). Returns
+// false to try again later (no live path yet). planned_to >= 0: steering
+// moves it off a live carrier to that path (why: the queues that made it),
+// counting no failure; where that path does not answer its probe nothing
+// moves, and where the peer does not agree after the carrier stopped, the
+// move goes on as a failover's.
+bool do_move(Bundle* b, int planned_to, const json& why) {
+  const bool planned = planned_to >= 0;
+  {
+    std::lock_guard l(b->lk);
+    if (b->gave_up) return true;
+    if (planned && (b->moving || b->need_move || planned_to >= static_cast<int>(b->paths.size()) ||
+                    planned_to == b->carrier || !usable(b->paths[planned_to])))
+      return true;
+  }
+  if (!b->tracking.load()) {
+    if (planned) return true;  // its receives cannot move: it stays
+    give_up(b, "the QP uses a shared receive queue: its receives cannot move");
+    return true;
+  }
+  std::vector<int> cand;
+  if (planned) {
+    cand.push_back(planned_to);
+  } else {
+    std::lock_guard l(b->lk);
+    for (size_t i = 0; i < b->paths.size(); i++)
+      if (usable(b->paths[i])) cand.push_back(static_cast<int>(i));
+  }
+  if (cand.empty()) return false;
+  int from;
+  if (planned) {
+    // Before the carrier stops: a path that does not answer is no place to go.
+    if (answering(b, cand, 300).empty()) return true;
+    from = begin_move(b, true);
+  } else {
+    from = begin_move(b);
+    // Only paths that answer a probe now: a path that carried nothing since
+    // the fault looks usable but may sit behind it.
+    cand = answering(b, cand, 300);
+    if (cand.empty()) return false;
+  }
+  std::string err;
+  auto prep = ask_peer(b,
+                       {{"cmd", "carrier-prepare"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
+                        {"candidates", cand}, {"down", down_list(b)}, {"planned", planned}},
+                       10000, &err);
+  if (!prep || !prep->contains("to")) {
+    if (prep) mark_down(b, b->ctx, prep->value("down", json::array()));
+    log::warn("{} QP {}: the peer did not agree on a new path yet: {}", b->ctx->device, b->pqp->qp_num,
+              prep ? prep->dump() : err);
+    if (planned) {  // the carrier is stopped: it moves as after a failure now
+      std::lock_guard l(b->lk);
+      b->need_move = true;
+    }
+    return false;
+  }
+  mark_down(b, b->ctx, prep->value("down", json::array()));
+  int to = prep->value("to", -1);
+  if (to < 0 || to >= static_cast<int>(b->paths.size())) {
+    give_up(b, "the peer named no usable path");
+    return true;
+  }
+  int64_t mine = move_receives(b, to);
+  if (mine < 0) {
+    give_up(b, "the receives could not move");
+    return true;
+  }
+  json info;
+  if (!move_sends(b, from, to, prep->value("consumed", uint64_t{0}), &info)) {
+    give_up(b, info.value("error", ""));
+    return true;
+  }
+  auto ok = ask_peer(b, {{"cmd", "carrier-commit"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"to", to},
+                         {"consumed", mine}, {"planned", planned}},
+                     10000, &err);
+  if (!ok || !ok->value("ok", false)) {
+    give_up(b, "the peer did not take the new path: " + (ok ? ok->dump() : err));
+    return true;
+  }
+  info["why"] = why;
+  event_moved(b, from, to, info, planned);
+  return true;
+}
+
+// Work waits for rkeys of the peer's not known on a rail (MRs it
+// registered after the bundle was set up): ask for them.
+void refresh_rkeys(Bundle* b) {
+  std::vector<uint32_t> want;
+  {
+    std::lock_guard l(b->lk);
+    if (!b->need_rkeys) return;
+    b->need_rkeys = false;
+    for (size_t i = 0; i < b->held.size() && want.size() < 256; i++) {
+      const ibv_send_wr& w = b->held[i].wr;
+      uint32_t k = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? w.wr.atomic.rkey
+                                                                                                   : w.wr.rdma.rkey;
+      if (std::find(want.begin(), want.end(), k) == want.end()) want.push_back(k);
+    }
+  }
+  if (want.empty()) return;
+  std::string err;
+  auto r = ask_peer(b, {{"cmd", "bundle-rkeys"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"want", want}}, 3000,
+                    &err);
+  if (!r) {
+    log::info("{} QP {}: the peer's rkeys on its other NICs: {}", b->ctx->device, b->pqp->qp_num, err);
+    std::lock_guard l(b->lk);
+    b->need_rkeys = true;
+    return;
+  }
+  std::lock_guard l(b->lk);
+  read_rkeys(b, *r);
+  flush_held(b, b->ctx);
+}
+
+// A renewal draws ports until one works: while a spine (or the link to
+// it) is dark, every shadow that fails lands on the other spine, and stays
+// there once it heals; a split job then moves what one spine carries.
+// Every kHomeCheckMs while no path is down, the shadows away from the
+// router discovery placed them on (their home) ask for ports there, and
+// those whose home answers again are renewed onto it together, planned:
+// their work goes to the others meanwhile, no failure is counted or
+// reported. The deciding side only (the peer renews its halves with
+// them, onto its own homes). Under b->move_mu.
+void return_home(Bundle* b) {
+  std::vector<int> away;
+  const int64_t now = mono_ms();
+  {
+    std::lock_guard l(b->lk);
+    for (size_t i = 0; i < b->paths.size(); i++) {
+      Path& p = b->paths[i];
+      if (p.home.empty()) continue;
+      if (p.router == p.home) p.home_backoff = 0;  // home: the next time away starts over
+      else if (static_cast<int>(i) != b->carrier && usable(p) && now >= p.home_after) away.push_back(static_cast<int>(i));
+    }
+  }
+  if (away.empty()) return;
+  std::vector<int> go = renewal_ports(b, away, true);
+  {
+    // Where the home router answers ICMP but the route drops RoCE, the path
+    // fails again at home: each path's tries back off, doubling to
+    // SHUNT_PATH_RETRY_MAX_MS.
+    std::lock_guard l(b->lk);
+    const int64_t cap = config().num(Param::path_retry_max_ms);
+    for (int i : away) {
+      Path& p = b->paths[i];
+      if (std::find(go.begin(), go.end(), i) == go.end()) {
+        p.next_label = 0;  // not going: its next renewal chooses again
+        continue;
+      }
+      p.home_backoff = p.home_backoff ? std::min<int64_t>(p.home_backoff * 2, cap) : kHomeCheckMs;
+      p.home_after = now + p.home_backoff;
+    }
+  }
+  if (go.empty()) return;
+  std::string err, list;
+  for (int i : go) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  log::info("{} QP {}: path(s) {} back to the router discovery placed them on", b->ctx->device, b->pqp->qp_num, list);
+  auto back = renew_paths(b, go, &err, true);
+  {
+    std::lock_guard l(b->lk);
+    b->homecomings += back.size();
+  }
+  if (back.size() < go.size())
+    log::info("{} QP {}: {} of {} paths renewed on their home router ({}); the rest fail and renew as any path",
+              b->ctx->device, b->pqp->qp_num, back.size(), go.size(), err);
+}
+
+json answer_carrier_down(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  mark_down(b, b->ctx, req.value("down", json::array()));
+  {
+    std::lock_guard l(b->lk);
+    if (req.value("carrier", kNone) != b->carrier) return {{"ok", true}, {"note", "that carrier was moved already"}};
+    b->moving = true;
+    b->need_move = true;
+  }
+  wake_worker(b);
+  return {{"ok", true}};
+}
+
+json answer_path_down(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  mark_down(b, b->ctx, req.value("down", json::array()));
+  wake_worker(b);
+  return {{"ok", true}};
+}
+
+namespace {
+
+// Waits for the deciding side's commit; gives up when it never comes.
+void watch_commit(Bundle* b, uint64_t moves) {
+  ReentryGuard guard;
+  auto settled = [&] {
+    std::lock_guard l(b->lk);
+    return b->moves != moves || b->gave_up;
+  };
+  for (int i = 0; i < 300; i++) {
+    usleep(100 * 1000);
+    if (settled()) return;
+  }
+  // Under move_mu, as the QP's destruction: give_up must not reach the
+  // application's QP and CQs once they are destroyed. A commit may have
+  // come while move_mu was held: asked again under it.
+  std::lock_guard m(b->move_mu);
+  if (!settled() && alive(b)) give_up(b, "the peer never committed the new path");
+}
+
+}  // namespace
+
+json answer_carrier_prepare(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  std::lock_guard m(b->move_mu);
+  if (!alive(b)) return {{"error", "no active bundle for that QP"}};
+  mark_down(b, b->ctx, req.value("down", json::array()));
+  poll_overdue_probes(b);
+  int to = -1;
+  uint64_t moves;
+  {
+    std::lock_guard l(b->lk);
+    for (const auto& x : req.value("candidates", json::array()))
+      if (x.is_number_integer() && x.get<int>() >= 0 && x.get<int>() < static_cast<int>(b->paths.size()) &&
+          usable(b->paths[x.get<int>()])) {
+        to = x.get<int>();
+        break;
+      }
+    moves = b->moves;
+  }
+  if (to < 0) return {{"error", "none of those paths is alive here"}, {"down", down_list(b)}};
+  if (!b->tracking.load()) return {{"error", "the QP uses a shared receive queue: its receives cannot move"}};
+  b->pending_from = begin_move(b, req.value("planned", false));
+  int64_t mine = move_receives(b, to);
+  if (mine < 0) {
+    start_give_up(b, "the receives could not move");
+    return {{"error", "the receives could not move"}};
+  }
+  std::thread([b, moves] { contained("carrier commit watch", [=] { watch_commit(b, moves); }, [](const std::string&) {}); }).detach();
+  return {{"to", to}, {"consumed", mine}, {"down", down_list(b)}};
+}
+
+json answer_carrier_commit(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b) return {{"error", "no such QP"}};
+  std::lock_guard m(b->move_mu);
+  if (!alive(b)) return {{"error", "no such QP"}};
+  int to = req.value("to", -1);
+  json info;
+  int from = b->pending_from;
+  if (to < 0 || to >= static_cast<int>(b->paths.size())) return {{"error", "no such path"}};
+  if (!move_sends(b, from, to, req.value("consumed", uint64_t{0}), &info)) {
+    start_give_up(b, info.value("error", std::string("?")));
+    return {{"error", info.value("error", "")}};
+  }
+  event_moved(b, from, to, info, req.value("planned", false));
+  wake_worker(b);  // to report or renew the old carrier (or the new one, failed already)
+  return {{"ok", true}};
+}
+
+}  // namespace shunt::verbs::bundle

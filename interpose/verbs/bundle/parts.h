@@ -1,0 +1,227 @@
+// What each part of the bundle offers the others, by file, lowest layer
+// first (state.h holds the types). Only these files include it.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "interpose/verbs/bundle.h"
+#include "interpose/verbs/bundle/state.h"
+
+namespace shunt::verbs::bundle {
+
+// ---- small questions about a path or WR (the data path's, inlined)
+inline constexpr int kWait = -2, kNone = -3;
+inline bool two_sided(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_READ: return false;
+    default: return true;  // SENDs, WRITE_WITH_IMM, atomics, binds, TSO...
+  }
+}
+// Consumes a receive at the peer: the peer counts these.
+inline bool consumes(ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
+         op == IBV_WR_SEND_WITH_INV;
+}
+inline Path& P(Bundle* b, int i) { return i == kPrimary ? b->prim : b->paths[i]; }
+inline bool drained(const Path& p) { return p.done == p.posted; }
+inline bool usable(const Path& p) { return !p.down && !p.probation; }
+inline bool signaled(const Bundle* b, const ibv_send_wr& w) {
+  return (w.send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
+}
+// Adds to a counter only this thread writes now (under the bundle's lock):
+// no locked instruction.
+inline void bump_locked(std::atomic<uint64_t>& c, uint64_t n) {
+  c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+// ---- types of messages
+// One of the peer's halves: a path on its application NIC, or (gid set) on
+// another of its NICs; `none`: the peer has no half for this one.
+struct Half {
+  uint32_t qpn = 0, psn = 0;
+  bool rail = false, none = false;
+  ibv_gid gid{};
+};
+
+// ---- types of setup
+// answer_abort's word for a bundle it activated already.
+inline constexpr const char* kActiveBundle = "the bundle is active";
+
+// ---- types of post
+inline constexpr int kMaxRailSge = 32;
+inline constexpr size_t kMaxHeld = 16384;  // a QP whose depth shunt did not see
+
+// ---- types of steering
+// The host agent's probes' word on each of a bundle's source paths, by
+// (rail, source port) (probe_stats).
+using ProbeStats = std::map<std::pair<int, uint32_t>, json>;
+
+// ---- types of failover
+// path_failed statuses that are not a completion's (-1: the peer's word)
+inline constexpr int kStalled = -3;   // the stall watch
+inline constexpr int kPortDown = -4;  // a port or device event
+inline constexpr int kProbesLost = -5;  // the host agent's probes of its source port
+// What the poll path decided under the lock, done after it (events,
+// threads: never under the spin lock).
+struct After {
+  std::vector<std::pair<int, int>> down;  // (path, wc status)
+  std::vector<int> up;                    // renewed paths whose probe completed
+};
+
+// ---- types of detect
+// When the port of a bundle's rail last retransmitted (ms), by rail.
+using RetxFn = std::function<int64_t(int)>;
+
+// ---- types of carrier
+// How often return_home looks (carrier.cc), and how long a woken worker stays quiet.
+inline constexpr int64_t kHomeCheckMs = 2000;
+inline constexpr int kQuietMs = 2000;  // a whole bundle's worker, woken by the gen watch
+
+// ---- labels.cc
+std::string gid_hex(const ibv_gid& g);
+uint32_t random_psn();
+uint32_t flow_label_for(uint32_t seed, int i);
+uint32_t label_seed(uint32_t qpn, const ibv_gid& lgid);
+uint32_t label_seed(const Bundle* b);
+uint32_t sport_of(uint32_t fl);
+uint32_t path_sport(const Path& p);
+bool parse_gid(const std::string& hex, ibv_gid* g);
+
+// ---- shadows.cc
+void init_rails(Bundle* b);
+int add_rail(Bundle* b, Rail* r, std::string* err);
+ibv_qp* create_shadow(Bundle* b, int i, std::string* err, int rail = 0);
+bool shadow_to_rts(Bundle* b, Path& p, std::string* err);
+bool connect_shadow(Bundle* b, Path& p, std::string* err);
+void track_shadows(Bundle* b);
+void destroy_shadows(Bundle* b, bool keep);
+
+// ---- messages.cc
+json local_addrs();
+void read_addrs(Bundle* b, const json& msg);
+json path_json(const Bundle* b, const Path& p);
+json paths_json(const Bundle* b);
+bool parse_paths(const json& ps, size_t max, std::vector<Half>* out);
+json rkeys_json(const Bundle* b, const std::vector<uint32_t>* only = nullptr);
+void read_rkeys(Bundle* b, const json& msg);
+bool read_paths(Bundle* b, const json& reply, std::string* err);
+
+// ---- placement.cc
+int shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms, bool once,
+                std::vector<uint16_t>* ports, std::vector<std::string>* hops);
+std::vector<std::pair<uint32_t, std::string>> pick_ports(std::vector<uint16_t> ports, std::vector<std::string> hops,
+                                                         int want, uint32_t prim, std::string* spread);
+std::vector<std::pair<uint32_t, std::string>> cross_order(const std::vector<std::pair<uint32_t, std::string>>& placed);
+void ask_prim_router_early(Bundle* b, uint32_t sport);
+void settle_prim_router(Bundle* b, bool take = true);
+void spread_over_routers(Bundle* b);
+void ask_prim_router(Bundle* b);
+
+// ---- setup.cc
+void fall_back(Bundle* b, const std::string& why);
+void activate(Bundle* b);
+std::string probe_key(const Bundle* b, size_t k = 0);
+size_t rail_count(const Bundle* b);
+bool register_probe_paths(Bundle* b);
+void drop_probe_paths(Bundle* b);
+bool register_owner(Bundle* b, std::string* err);
+std::optional<json> ask(const std::string& ip, int port, const json& req, std::string* err);
+bool initiates(const Bundle* b);
+void start_steering(Bundle* b);
+void run_setup(Bundle* b);
+bool rails_wanted(Bundle* b);
+int rail_for_half(Bundle* b, const ibv_gid& peer, std::string* err);
+
+// ---- handshake.cc
+bool alive(Bundle* b);
+Bundle* find_bundle(const std::string& gid, uint32_t qpn);
+json answer_join(const json& req);
+json answer_abort(const json& req);
+json answer_activate(const json& req);
+
+// ---- post.cc
+extern std::mutex g_stash_mu;
+extern std::deque<std::pair<ibv_cq*, ibv_wc>>* g_stash;
+void stash(ibv_cq* cq, const ibv_wc& w);
+void owe(Bundle* b, const Copy& cp, ibv_wc_status st);
+bool fits(Bundle* b, int pi, const ibv_send_wr* w);
+int post_recvs_on(Bundle* b, Path& p, ibv_recv_wr* wr, ibv_recv_wr** bad);
+bool bundle_drained(const Bundle* b);
+void open_period(Bundle* b);
+void close_period(Bundle* b);
+int auto_choose(Bundle* b);
+int post_on(Bundle* b, ContextRecord* c, int target, Copy* from, ibv_send_wr* w);
+void fence(Bundle* b, ContextRecord* c, int path);
+void hold(Bundle* b, const ibv_send_wr* w);
+int next_live(Bundle* b, int from);
+int next_flowlet_path(Bundle* b);
+
+// ---- spread.cc
+bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot);
+int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w);
+void flush_held(Bundle* b, ContextRecord* c);
+
+// ---- steering.cc
+bool probe_stats(Bundle* b, ProbeStats* out);
+void steer_tick(Bundle* b, const ProbeStats& stats);
+int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why);
+json answer_steer_view(const json& req);
+
+// ---- failover.cc
+void path_failed(Bundle* b, int pi, int status, After* a, bool counted = true);
+std::vector<int> down_list(Bundle* b);
+void mark_down(Bundle* b, ContextRecord* c, const json& list);
+void drain(Bundle* b);
+int begin_move(Bundle* b, bool planned = false);
+int64_t move_receives(Bundle* b, int to);
+bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info);
+void give_up(Bundle* b, const std::string& why);
+void start_give_up(Bundle* b, std::string why);
+std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
+
+// ---- events.cc
+void event_down(Bundle* b, const After& a);
+void event_all_stalled(Bundle* b, size_t n);
+void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false);
+void event_renewed(Bundle* b, int i, bool probation);
+void event_up(Bundle* b, int i);
+
+// ---- renewal.cc
+std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home);
+void probe(Bundle* b, int i);
+bool back_in_service(Bundle* b, int i);
+void probe_all(Bundle* b);
+void poll_overdue_probes(Bundle* b);
+std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms);
+std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::string* err, bool planned);
+json answer_path_renew(const json& req);
+
+// ---- carrier.cc
+bool do_move(Bundle* b, int planned_to = -1, const json& why = nullptr);
+void refresh_rkeys(Bundle* b);
+void return_home(Bundle* b);
+json answer_carrier_down(const json& req);
+json answer_path_down(const json& req);
+json answer_carrier_prepare(const json& req);
+json answer_carrier_commit(const json& req);
+
+// ---- detect.cc
+int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms);
+int fail_silent_paths(Bundle* b, const ProbeStats& stats);
+int on_port_event(const std::string& device, int port, bool up, bool wake = true);
+void start_stall_watch();
+void watch_resync(bool wait);
+
+// ---- worker.cc
+void wake_worker(Bundle* b);
+std::vector<Bundle*> all_bundles();
+
+// ---- lifecycle.cc
+extern std::mutex g_mu;
+extern std::vector<Bundle*>* g_bundles;
+
+}  // namespace shunt::verbs::bundle

@@ -1,0 +1,368 @@
+// Set-up: the deciding end's handshake with the peer's shim, activation, and the probe paths registered with the host agent.
+#include "interpose/verbs/bundle/parts.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+#include <pthread.h>
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <optional>
+
+#include "interpose/core/log.h"
+#include "interpose/core/mono.h"
+#include "interpose/core/runtime.h"
+#include "interpose/peer/agent.h"
+#include "interpose/peer/channel.h"
+#include "interpose/peer/control.h"
+#include "interpose/verbs/rails.h"
+#include "telemetry/event_log.h"
+
+namespace shunt::verbs::bundle {
+
+// Stays primary-only: one log line and one event say why.
+void fall_back(Bundle* b, const std::string& why) {
+  {
+    std::lock_guard g(b->mu);
+    b->state = "primary-only: " + why;
+    settle_prim_router(b, false);
+  }
+  log::warn("{} QP {}: bundle stays primary-only: {}", b->ctx->device, b->pqp->qp_num, why);
+  telemetry::event("bundle_fallback",
+                   {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
+}
+
+void activate(Bundle* b) {
+  {
+    std::lock_guard g(b->lk);
+    b->cur = 0;
+    b->last = kPrimary;
+    b->flowlet = config().num(Param::spread) == 1;
+    b->split = config().num(Param::spread) >= 2;
+    b->spread_auto = config().num(Param::spread) == 3;
+    b->steer = config().num(Param::steer) != 0;
+    b->steer_queue = config().num(Param::steer) == 2;
+    b->carrier_steer = b->steer_queue && !b->split && !b->flowlet;
+    b->split_min = static_cast<uint64_t>(config().num(Param::split_min_bytes));
+    b->prim.qp = b->pqp;
+    b->prim.qpn = b->pqp->qp_num;
+    b->prim.rec = b->primary;
+    b->prim.pc = b->ctx;
+    for (auto& p : b->paths)
+      if (!p.pc) p.pc = b->ctx;
+    b->active.store(true, std::memory_order_release);
+  }
+  b->state = "active";
+  // "N shadow paths (UDP source ports ...)" counts those on the QP's own
+  // NIC; those on other NICs follow, per NIC.
+  std::string ports, others;
+  size_t own = 0, other = 0;
+  for (size_t k = 0; k < std::max<size_t>(b->rails.size(), 1); k++) {
+    std::string list;
+    for (const auto& p : b->paths)
+      if (p.rail == static_cast<int>(k)) list += (list.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+    if (k == 0) {
+      ports = list;
+    } else if (!list.empty()) {
+      others += (others.empty() ? "" : "; ") + b->rails[k].device + ": " + list;
+    }
+  }
+  for (const auto& p : b->paths) (p.rail ? other : own)++;
+  log::info("{} QP {}: bundle active with {} shadow paths (UDP source ports {}){}", b->ctx->device, b->pqp->qp_num,
+            own, ports, other ? " and " + std::to_string(other) + " on other NICs (" + others + ")" : std::string());
+  telemetry::event("bundle_setup", {{"device", static_cast<const char*>(b->ctx->device)},
+                                    {"qpn", b->pqp->qp_num},
+                                    {"paths", b->paths.size()},
+                                    {"udp_sports", ports}});
+}
+
+// The agent's key for the bundle's source paths on rail k (its own NIC: 0).
+std::string probe_key(const Bundle* b, size_t k) {
+  std::string key = gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num);
+  return k ? key + "/" + std::to_string(k) : key;
+}
+
+size_t rail_count(const Bundle* b) { return std::max<size_t>(b->rails.size(), 1); }
+
+// Asks the host agent's probe engine to probe the peer from every shadow's
+// UDP source port (clocksync source paths), each from its NIC's address to
+// the peer's on that rail; again, with the new list, once renewals moved
+// shadows to new ports (a no-op while the lists are the ones the agent
+// has). Without a probe engine, or for a NIC whose address the engine does
+// not probe from, the bundle works all the same; one line says why.
+// Returns whether it registered ports the agent did not probe for it yet.
+bool register_probe_paths(Bundle* b) {
+  std::string sock = agent::socket_path(), err;
+  if (sock.empty()) return false;
+  std::vector<json> sports, spares;
+  std::vector<std::pair<std::string, std::string>> ends;  // per rail: local, peer address
+  std::string all, via;  // via: the peer's address on the application's NIC
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead || !b->active.load()) return false;
+    std::lock_guard l(b->lk);
+    for (size_t k = 0; k < rail_count(b); k++) {
+      json list = json::array(), spare = json::array();
+      // The application's QP too, where shunt knows its port (its flow
+      // label), until it fails (it is never renewed).
+      if (!k && path_sport(b->prim) && b->prim.qp && !b->prim.down) list.push_back(path_sport(b->prim));
+      for (size_t i = 0; i < b->paths.size(); i++) {
+        const Path& p = b->paths[i];
+        if (p.rail != static_cast<int>(k)) continue;
+        list.push_back(0xC000 | p.flow_label);
+        // Spares: probed at SHUNT_SPARE_PROBE_EVERY. Not the carrier (the
+        // probes are how its silent loss is found; shadows that carry a
+        // split find theirs by their own ACK timeouts, about
+        // SHUNT_PATH_DEAD_MS), not a failed path (its probes tell when the
+        // route is back), and none where queue steering reads every path's
+        // queue from its probes.
+        if (static_cast<int>(i) != b->carrier && !p.down && !b->steer_queue) spare.push_back(0xC000 | p.flow_label);
+      }
+      std::string local, peer;
+      const ibv_gid& lg = k ? b->rails[k].lgid : b->lgid;
+      const ibv_gid& rg = k ? b->rails[k].rgid : b->rgid;
+      if (!gid_v4(lg, &local) || !gid_v4(rg, &peer)) local.clear();
+      if (!k) via = peer;
+      all += list.dump() + spare.dump() + ";";
+      sports.push_back(std::move(list));
+      spares.push_back(std::move(spare));
+      ends.emplace_back(local, peer);
+    }
+    if (b->probed && all == b->probed_sports) return false;
+  }
+  bool any = false;
+  for (size_t k = 0; k < sports.size(); k++) {
+    if (ends[k].first.empty() || sports[k].empty()) continue;
+    auto r = peer::request(sock,
+                           {{"cmd", "bundle-paths"}, {"peer", ends[k].second}, {"local", ends[k].first},
+                            {"sports", sports[k]}, {"spares", spares[k]}, {"key", probe_key(b, k)}, {"via", via}},
+                           2000, &err);
+    if (r && r->value("ok", false)) {
+      any = true;
+      continue;
+    }
+    log::once(LogLevel::info, "bundle-probes-" + std::to_string(k),
+              "verbs bundles: shadow paths" + (k ? " on other NICs" : std::string()) +
+                  " are not probed: " + (r ? r->value("error", r->dump()) : err));
+  }
+  if (!any) return false;
+  std::lock_guard g(b->mu);
+  b->probed = true;
+  b->probed_sports = all;
+  return true;
+}
+
+void drop_probe_paths(Bundle* b) {
+  std::string sock = agent::socket_path(), err;
+  if (sock.empty()) return;
+  for (size_t k = 0; k < rail_count(b); k++)
+    peer::request(sock, {{"cmd", "bundle-paths-drop"}, {"key", probe_key(b, k)}}, 2000, &err);
+}
+
+// Makes this process reachable for its bundles and lists the QP in the
+// host's directory, so the peer's shim can find its owner.
+bool register_owner(Bundle* b, std::string* err) {
+  int port = peer::start_process_listener(peer::job_key_from(config().str(Param::job_key)), bundle_answer);
+  if (!port) {
+    *err = "cannot listen for the peer's shim";
+    return false;
+  }
+  std::string dir = bundle_dir();
+  if (dir.empty()) {
+    *err = "no run directory";
+    return false;
+  }
+  mkdir(dir.c_str(), 0700);
+  std::string f = dir + "/" + gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num);
+  std::string tmp = f + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream o(tmp);
+    o << getpid() << " " << port << "\n";
+    if (!o) {
+      *err = "cannot write " + tmp;
+      return false;
+    }
+  }
+  if (rename(tmp.c_str(), f.c_str()) != 0) {
+    *err = "cannot write " + f;
+    unlink(tmp.c_str());
+    return false;
+  }
+  b->dir_file = f;
+  return true;
+}
+
+std::optional<json> ask(const std::string& ip, int port, const json& req, std::string* err) {
+  return peer::call(ip, port, peer::job_key_from(config().str(Param::job_key)), req, 3000, err);
+}
+
+// The side with the lower (GID, QPN) sets the bundle up; the other answers.
+bool initiates(const Bundle* b) {
+  int c = memcmp(b->lgid.raw, b->rgid.raw, 16);
+  return c < 0 || (c == 0 && b->pqp->qp_num < b->rqpn);
+}
+
+// A probed bundle's failover worker runs from the start, before any
+// failure: it asks the host agent what the probes of its shadows' source
+// ports say, fails a path whose probes are lost (fail_silent_paths), and
+// steers a split bundle by the paths' queues (steer_tick) or moves a pinned
+// one's carrier off a congested path (carrier_steer_tick). A split
+// bundle's worker runs from the start too, to learn its application QP's
+// router (ask_prim_router), which balancing its splits needs.
+void start_steering(Bundle* b) {
+  bool start;
+  {
+    std::lock_guard g(b->mu);
+    start = (b->probed || b->split) && !b->dead;
+  }
+  if (start) wake_worker(b);
+}
+
+void run_setup(Bundle* b) {
+  ReentryGuard guard;
+  pthread_setname_np(pthread_self(), "shunt-bundle");
+  const Config& c = config();
+  std::string ip, err;
+  if (!gid_v4(b->rgid, &ip)) return fall_back(b, "the peer's GID is not an IPv4-mapped RoCE v2 GID");
+  int n = static_cast<int>(c.num(Param::paths_per_rail));
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead) return;
+    init_rails(b);
+    for (int i = 0; i < n; i++)
+      if (!create_shadow(b, i, &err)) break;
+    if (b->paths.empty()) goto failed;
+    if (static_cast<int>(b->paths.size()) < n)
+      log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
+    if (rails_wanted(b)) {
+      std::string e;
+      for (Rail* r : other_rails(b->ctx->device, b->gid_type)) {
+        int k = add_rail(b, r, &e);
+        for (int i = 0; k > 0 && i < n; i++)
+          if (!create_shadow(b, static_cast<int>(b->paths.size()), &e, k)) break;
+        if (k < 0 || !e.empty())
+          log::info("{} QP {}: shadows on {}: {}", b->ctx->device, b->pqp->qp_num, r->device, e.empty() ? "none" : e);
+        e.clear();
+      }
+    }
+    b->state = "finding paths";
+  }
+  spread_over_routers(b);
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead) return;
+    b->state = "asking the peer";
+  }
+  {
+    int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
+    json join = {{"cmd", "bundle-join"},   {"gid", gid_hex(b->rgid)},       {"qpn", b->rqpn},
+                 {"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
+                 {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}};
+    std::optional<json> reply;
+    int port = 0;
+    std::string last = "no answer";
+    bool refused = false;
+    while (mono_ms() < deadline) {
+      {
+        std::lock_guard g(b->mu);
+        if (b->dead) return;
+      }
+      if (!port) {
+        auto r = ask(ip, static_cast<int>(c.num(Param::peer_port)),
+                     {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, &err);
+        if (!r) last = "no shim answers at " + ip + ": " + err;
+        else if (r->value("port", 0) > 0) port = r->value("port", 0);
+        else last = "the peer's agent: " + r->value("retry", r->value("error", std::string("?")));
+      }
+      if (port) {
+        reply = ask(ip, port, join, &err);
+        if (reply && reply->contains("paths")) break;
+        if (reply && reply->contains("error")) {
+          last = "the peer's shim refused: " + reply->value("error", std::string("?"));
+          refused = true;
+          break;
+        }
+        last = reply ? "the peer's shim: " + reply->value("retry", std::string("?")) : err;
+        if (!reply) port = 0;  // its owner may have gone: locate again
+        reply.reset();
+      }
+      usleep(100 * 1000);
+    }
+    std::unique_lock g(b->mu);
+    if (b->dead) return;
+    if (refused || !reply) {
+      err = last;
+      goto failed;
+    }
+    if (!read_paths(b, *reply, &err)) goto failed;
+    read_addrs(b, *reply);
+    b->peer_access = reply->value("access", -1);
+    for (auto& p : b->paths)
+      if (!connect_shadow(b, p, &err)) goto failed;
+    track_shadows(b);
+    b->peer_port = port;
+    // The peer keeps the halves of our paths, in our order.
+    json keep = json::array();
+    for (const auto& p : b->paths) {
+      json x = {{"qpn", p.remote_qpn}};
+      if (p.rail) x["gid"] = gid_hex(b->rails[p.rail].rgid);
+      keep.push_back(x);
+    }
+    g.unlock();  // no bundle lock across the network
+    auto ok = ask_peer(b, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"keep", keep}},
+                       5000, &err);
+    if (config().num(Param::test_lose_activation) == 1) ok.reset(), err = "its answer lost (SHUNT_TEST_LOSE_ACTIVATION)";
+    g.lock();
+    if (b->dead) return;
+    if (!ok || !ok->value("ok", false)) {
+      err = "the peer did not activate: " + (ok ? ok->dump() : err);
+      g.unlock();
+      std::string aerr;
+      auto ab = ask_peer(b, {{"cmd", "bundle-abort"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 2000, &aerr);
+      g.lock();
+      if (b->dead) return;
+      // The peer activated and its answer was lost (a starved host): this
+      // side activates too. Left primary-only beside an active peer, it
+      // would refuse the peer's every move, and the peer would give the
+      // application its errors at the first false failure of its carrier.
+      if (!ab || ab->value("error", "") != kActiveBundle) goto failed;
+      log::info("{} QP {}: the peer's answer to the activation was lost; it is active, and so is this side",
+                b->ctx->device, b->pqp->qp_num);
+    }
+    settle_prim_router(b);
+    activate(b);
+    start_stall_watch();
+    g.unlock();
+    register_probe_paths(b);
+    start_steering(b);
+    return;
+  }
+failed : {
+  std::lock_guard g(b->mu);
+  std::lock_guard l(b->lk);
+  destroy_shadows(b, false);
+}
+  fall_back(b, err);
+}
+
+// Paths on other NICs: wanted (SHUNT_RAILS=all) and possible (an IPv4
+// GID whose type shunt knows).
+bool rails_wanted(Bundle* b) { return config().num(Param::rails) == 0 && b->gid_type >= 0; }
+
+// The answering side's rail for one of the peer's halves on another NIC:
+// the NIC its route leaves through, when that is not the application's.
+// Returns the rail index, or -1. Under b->mu.
+int rail_for_half(Bundle* b, const ibv_gid& peer, std::string* err) {
+  std::string ip;
+  if (!gid_v4(peer, &ip)) return -1;
+  Rail* r = rail_toward(ip, b->gid_type, err);
+  if (!r || r->device == b->ctx->device) return -1;
+  int k = add_rail(b, r, err);
+  if (k < 0) return -1;
+  BundleRail& br = b->rails[k];
+  static const ibv_gid zero{};
+  if (memcmp(br.rgid.raw, zero.raw, 16) == 0) br.rgid = peer;
+  return memcmp(br.rgid.raw, peer.raw, 16) == 0 ? k : -1;
+}
+
+}  // namespace shunt::verbs::bundle
