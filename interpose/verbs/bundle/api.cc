@@ -36,14 +36,14 @@ json bundle_json(const QpRecord& r) {
                      {"bytes", p.bytes},
                      {"in_flight", p.posted - p.done},
                      {"fails", p.fails},
-                     {"down", p.down},
+                     {"down", p.down()},
                      {"share", p.share},
                      {"seg_lat_ns", p.seg_lat},
                      {"queue", p.queue_known ? json{{"excess_ns", p.excess_ns},
                                                     {"threshold_ns", p.threshold_ns},
                                                     {"congested", p.congested}}
                                              : json(nullptr)}});
-  return {{"state", b->state},
+  return {{"state", phase_text(b->phase, b->why, b->dead)},
           {"device", static_cast<const char*>(b->ctx->device)},
           {"primary", {{"wrs", b->prim.wrs},
                        {"bytes", b->prim.bytes},
@@ -87,7 +87,7 @@ json bundle_json(const QpRecord& r) {
           {"splits_open", b->groups.size()},
           {"to_primary", b->to_primary},
           {"carrier", b->carrier},
-          {"primary_down", b->prim.down},
+          {"primary_down", b->prim.down()},
           {"messages_sent", b->cseq},
           {"messages_received", b->consumed},
           {"failovers", b->failovers},
@@ -245,7 +245,7 @@ bool bundle_cm_route_dead(QpRecord* r) {
   std::lock_guard g(b->mu);
   if (b->dead || !b->active.load()) return false;
   std::lock_guard l(b->lk);
-  if (!b->prim.down) return false;
+  if (!b->prim.down()) return false;
   for (const auto& p : b->paths)
     if (p.rail == 0 && usable(p)) return false;  // a route on the application's NIC works
   return true;

@@ -95,7 +95,7 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       bool known = pi == kPrimary || pi < static_cast<int>(b->paths.size());
       Path* p = known ? &P(b, pi) : nullptr;
       if (wc[i].status != IBV_WC_SUCCESS) {
-        if (p && p->down && !b->gave_up) {
+        if (p && p->down() && !b->gave_up) {
           drop = true;  // a failed path's errors are shunt's to handle
           b->swallowed++;
         } else if (p && b->active.load(std::memory_order_relaxed) && !b->gave_up) {
@@ -108,15 +108,15 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           if (!b->recvs.empty()) b->recvs.pop_front();
           b->consumed++;
         }
-      } else if (p && p->down && !b->gave_up) {
+      } else if (p && p->down() && !b->gave_up) {
         // A late success on a path taken out of service without an error
         // (a stall): its WRs are shunt's to replay or to owe, by their copies.
         drop = true;
       } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
         kind = p->signaled.front().kind;
         if (kind == kProbe) {
-          p->probation = false;
-          if (p->renewed) p->renewed = false, after.up.push_back(pi);
+          if (unproven(p->life)) after.up.push_back(pi);
+          p->step(LifeEvent::probe_done);
         }
         if (kind == kSeg && wc[i].status == IBV_WC_SUCCESS) {  // how long the path took to carry it
           double lat = static_cast<double>(mono_ns() - p->signaled.front().t);

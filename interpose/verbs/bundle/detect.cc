@@ -32,15 +32,15 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
   std::vector<int> out;
   bool other = false;
   auto look = [&](Path& p, int pi) {
-    if (p.down || !p.qp) return;
+    if (p.down() || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
       p.watch_done = p.done;
       p.watch_ms = now;
-      other |= !p.probation;
+      other |= !p.probation();
       return;
     }
     if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) out.push_back(pi);
-    else other |= !p.probation;
+    else other |= !p.probation();
   };
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
@@ -108,7 +108,7 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
     // The application's QP is judged like a shadow where its port is known
     // (shunt set its flow label) and probed.
     auto judge = [&](Path& p, int pi) {
-      if (p.down || !p.qp) return;
+      if (p.down() || !p.qp) return;
       auto it = path_sport(p) ? stats.find({p.rail, path_sport(p)}) : stats.end();
       bool known = it != stats.end();
       if (known && it->second.value("alive", false)) p.probe_alive = true;
@@ -123,14 +123,14 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
     // renewed without waiting out its backoff (as when a port comes up;
     // the damping of a flapping path still holds).
     for (auto& p : b->paths) {
-      if (!p.down && !p.renewed) {  // in service
+      if (!p.down() && !unproven(p.life)) {  // in service
         p.probe_dead = false;
         continue;
       }
       auto it = stats.find({p.rail, path_sport(p)});
       if (it == stats.end()) continue;
       if (!it->second.value("alive", false)) p.probe_dead = true;
-      else if (p.probe_dead && p.down) p.probe_dead = false, b->renew_now.store(true);
+      else if (p.probe_dead && p.down()) p.probe_dead = false, b->renew_now.store(true);
     }
     // As with stalls: never the last usable paths at once (queues deep
     // enough to lose every probe, or a route they all share: nowhere to go).

@@ -59,8 +59,8 @@ void replay_local(Bundle* b, int pi) { requeue(b, pi, 0); }
 // A path failed (an error completion on it). Under b->lk.
 void path_failed(Bundle* b, int pi, int status, After* a, bool counted) {
   Path& p = P(b, pi);
-  if (p.down) return;
-  p.down = true;
+  if (p.down()) return;
+  p.step(LifeEvent::fail);
   if (counted) p.fails++, b->failovers++;
   a->down.emplace_back(pi, status);
   if (pi == b->carrier && !b->moving) {
@@ -75,7 +75,7 @@ std::vector<int> down_list(Bundle* b) {
   std::lock_guard l(b->lk);
   std::vector<int> d;
   for (size_t i = 0; i < b->paths.size(); i++)
-    if (b->paths[i].down) d.push_back(static_cast<int>(i));
+    if (b->paths[i].down()) d.push_back(static_cast<int>(i));
   return d;
 }
 
@@ -86,7 +86,7 @@ void mark_down(Bundle* b, ContextRecord* c, const json& list) {
   for (const auto& x : list) {
     if (!x.is_number_integer()) continue;
     int i = x.get<int>();
-    if (i < 0 || i >= static_cast<int>(b->paths.size()) || b->paths[i].down || i == b->carrier) continue;
+    if (i < 0 || i >= static_cast<int>(b->paths.size()) || b->paths[i].down() || i == b->carrier) continue;
     path_failed(b, i, -1, &a);
   }
   flush_held(b, c);
@@ -110,8 +110,8 @@ int begin_move(Bundle* b, bool planned) {
     b->moving = true;
     from = b->carrier;
     Path& o = P(b, from);
-    if (!o.down && planned) o.down = o.planned_down = true;
-    else if (!o.down) o.down = true, o.fails++, b->failovers++;
+    if (!o.down() && planned) o.step(LifeEvent::stop);
+    else if (!o.down()) o.step(LifeEvent::fail), o.fails++, b->failovers++;
     b->rcarrier = kNone;
   }
   ibv_qp_attr a{};
@@ -162,7 +162,7 @@ bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info)
   b->carrier = to;
   // The new carrier may have failed while the two sides agreed on it: then
   // its work waits for the next move.
-  b->moving = b->need_move = P(b, to).down;
+  b->moving = b->need_move = P(b, to).down();
   b->moves++;
   flush_held(b, b->ctx);
   if (owed) {  // a real completion wakes an application waiting in event mode
@@ -213,7 +213,7 @@ void give_up(Bundle* b, const std::string& why) {
   }
   {
     std::lock_guard g(b->mu);
-    b->state = "failed: " + why;
+    set_phase(b, Phase::failed, why);
   }
   log::error("{} QP {}: no path can carry this QP's work any more ({}); the application gets its errors",
              b->ctx->device, b->pqp->qp_num, why);

@@ -99,7 +99,7 @@ json answer_join(const json& req) {
     mine.push_back(path_json(b, p));
   }
   if (b->paths.empty()) {
-    b->state = "primary-only: " + err;
+    set_phase(b, Phase::primary_only, err);
     return {{"error", err.empty() ? "no path could be made" : err}};
   }
   read_addrs(b, req);
@@ -108,7 +108,7 @@ json answer_join(const json& req) {
     std::lock_guard l(b->lk);
     read_rkeys(b, req);
   }
-  b->state = "joined, waiting for activation";
+  set_phase(b, Phase::joined);
   return {{"paths", mine}, {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}};
 }
 
@@ -151,7 +151,7 @@ json answer_abort(const json& req) {
   if (b->active.load()) return {{"error", kActiveBundle}};
   std::lock_guard l(b->lk);
   destroy_shadows(b, false);
-  b->state = "primary-only: the peer gave up the setup";
+  set_phase(b, Phase::primary_only, "the peer gave up the setup");
   return {{"ok", true}};
 }
 
@@ -166,7 +166,7 @@ json answer_activate(const json& req) {
     if (!keep_paths(b, req.value("keep", json()), &err)) {
       std::lock_guard l(b->lk);
       destroy_shadows(b, false);
-      b->state = "primary-only: " + err;
+      set_phase(b, Phase::primary_only, err);
       return {{"error", err}};
     }
     track_shadows(b);

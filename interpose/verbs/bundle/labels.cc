@@ -1,4 +1,4 @@
-// Flow labels, UDP source ports and PSNs of a bundle's paths, and GIDs as text.
+// Flow labels, UDP source ports and PSNs of a bundle's paths, GIDs and a bundle's phase as text.
 #include "interpose/verbs/bundle/parts.h"
 
 #include <sys/random.h>
@@ -49,6 +49,27 @@ bool parse_gid(const std::string& hex, ibv_gid* g) {
     g->raw[i] = static_cast<uint8_t>(v);
   }
   return true;
+}
+
+std::string phase_text(Phase p, const std::string& why, bool destroyed) {
+  std::string t;
+  switch (p) {
+    case Phase::waiting_rts: t = "waiting for RTS"; break;
+    case Phase::setting_up: t = "setting up"; break;
+    case Phase::waiting_peer: t = "waiting for the peer's shim"; break;
+    case Phase::finding_paths: t = "finding paths"; break;
+    case Phase::asking_peer: t = "asking the peer"; break;
+    case Phase::joined: t = "joined, waiting for activation"; break;
+    case Phase::active: t = "active"; break;
+    case Phase::primary_only: t = "primary-only: " + why; break;
+    case Phase::failed: t = "failed: " + why; break;
+  }
+  return destroyed ? t + " (destroyed)" : t;
+}
+
+void set_phase(Bundle* b, Phase p, std::string why) {
+  b->phase = p;
+  b->why = std::move(why);
 }
 
 }  // namespace shunt::verbs::bundle

@@ -91,12 +91,12 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
       b->have_rtr = true;
       std::string err;
       if (!(attr->ah_attr.is_global)) {
-        b->state = "primary-only: no GRH (not RoCE v2)";
+        set_phase(b, Phase::primary_only, "no GRH (not RoCE v2)");
       } else if (ibv_query_gid(b->pqp->context, b->port, attr->ah_attr.grh.sgid_index, &b->lgid) != 0) {
-        b->state = "primary-only: cannot read the local GID";
+        set_phase(b, Phase::primary_only, "cannot read the local GID");
       } else {
         b->rgid = attr->ah_attr.grh.dgid;
-        if (!register_owner(b, &err)) b->state = "primary-only: " + err;
+        if (!register_owner(b, &err)) set_phase(b, Phase::primary_only, err);
         else b->registered = true;
       }
     }
@@ -113,9 +113,9 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
       if (b->registered && initiates(b)) {
         b->started = true;
         start = true;
-        b->state = "setting up";
+        set_phase(b, Phase::setting_up);
       } else if (b->registered) {
-        b->state = "waiting for the peer's shim";
+        set_phase(b, Phase::waiting_peer);
       }
     }
   }
@@ -148,7 +148,6 @@ void bundle_on_destroy(QpRecord* r) {
     b->prim.infl.clear();
     if (!b->dir_file.empty()) unlink(b->dir_file.c_str());
     settle_prim_router(b, false);
-    b->state += " (destroyed)";
     probed = b->probed;
   }
   g_shadow_qps.fetch_sub(1);

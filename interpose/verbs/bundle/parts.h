@@ -28,7 +28,7 @@ inline bool consumes(ibv_wr_opcode op) {
 }
 inline Path& P(Bundle* b, int i) { return i == kPrimary ? b->prim : b->paths[i]; }
 inline bool drained(const Path& p) { return p.done == p.posted; }
-inline bool usable(const Path& p) { return !p.down && !p.probation; }
+inline bool usable(const Path& p) { return !p.down() && !p.probation(); }
 inline bool signaled(const Bundle* b, const ibv_send_wr& w) {
   return (w.send_flags & IBV_SEND_SIGNALED) || b->primary->sq_sig_all;
 }
@@ -82,6 +82,10 @@ inline constexpr int64_t kHomeCheckMs = 2000;
 inline constexpr int kQuietMs = 2000;  // a whole bundle's worker, woken by the gen watch
 
 // ---- labels.cc
+// A bundle's phase in words, as the stats file shows it; and its setter
+// (under b->mu).
+std::string phase_text(Phase p, const std::string& why, bool destroyed);
+void set_phase(Bundle* b, Phase p, std::string why = {});
 std::string gid_hex(const ibv_gid& g);
 uint32_t random_psn();
 uint32_t flow_label_for(uint32_t seed, int i);

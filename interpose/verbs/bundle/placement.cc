@@ -171,7 +171,7 @@ void ask_prim_router(Bundle* b) {
   uint16_t psport = 0;
   {
     std::lock_guard l(b->lk);
-    if (b->prim.router.empty() && !b->prim.down && path_sport(b->prim) && b->prim_router_tries < 10 &&
+    if (b->prim.router.empty() && !b->prim.down() && path_sport(b->prim) && b->prim_router_tries < 10 &&
         t >= b->prim_router_next_ms && config().num(Param::path_discovery_ms) > 0 && gid_v4(b->lgid, &lip) &&
         gid_v4(b->rgid, &rip)) {
       psport = static_cast<uint16_t>(path_sport(b->prim));

@@ -258,7 +258,7 @@ int own_opcode(const Bundle* b) {
 // Makes sure the path will report when it drains.
 void fence(Bundle* b, ContextRecord* c, int path) {
   Path& p = P(b, path);
-  if (p.last_signaled || p.down) return;
+  if (p.last_signaled || p.down()) return;
   const int op = own_opcode(b);
   if (op < 0) return;
   ibv_send_wr f{};

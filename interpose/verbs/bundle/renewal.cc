@@ -125,7 +125,7 @@ bool reset_half(Bundle* b, Path& p, std::string* err) {
   p.next_router.clear();
   p.probe_alive = false;  // a new port: its probes start over
   p.probe_dead = false;
-  p.planned_down = false;
+  p.step(LifeEvent::reset);  // (a stopped path is renewed as a failed one)
   return true;
 }
 
@@ -136,7 +136,7 @@ bool quiesce_path(Bundle* b, int i, std::string* err, bool planned = false) {
   {
     std::lock_guard l(b->lk);
     After a;
-    if (!b->paths[i].down) path_failed(b, i, -1, &a, !planned);
+    if (!b->paths[i].down()) path_failed(b, i, -1, &a, !planned);
     flush_held(b, b->ctx);
   }
   ibv_qp_attr a{};
@@ -156,7 +156,7 @@ bool quiesce_path(Bundle* b, int i, std::string* err, bool planned = false) {
 // (out of the rotation) until it completes. Under b->lk.
 void probe(Bundle* b, int i) {
   Path& p = b->paths[i];
-  p.probation = true;
+  p.step(LifeEvent::probe_sent);
   p.probe_ms = mono_ms();
   p.last_signaled = false;
   uint64_t before = p.posted;
@@ -165,7 +165,7 @@ void probe(Bundle* b, int i) {
     p.signaled[p.signaled.size() - 1].kind = kProbe;
     b->fences--;
   } else {
-    p.probation = false;  // cannot probe: trust it
+    p.step(LifeEvent::probe_unsent);  // cannot probe: trust it
   }
 }
 
@@ -178,14 +178,13 @@ bool back_in_service(Bundle* b, int i) {
   p.infl.clear();
   p.flow_bytes = 0;
   p.ns_per_byte = 0;
-  p.down = false;
+  p.step(LifeEvent::renew);
   // Its stall clock starts again at the watch's next look: run on from
   // before the failure, it failed the renewed path as stalled before its
   // probe could complete (the port retransmits for others throughout a fault).
   p.watch_ms = 0;  // (its next look then takes watch_done from done)
   probe(b, i);
-  p.renewed = p.probation;  // (a path that cannot be probed is trusted at once)
-  return p.probation;
+  return p.probation();  // (a path that cannot be probed is trusted at once)
 }
 
 // Probes every usable shadow (after a failure, the others may sit behind
@@ -212,7 +211,7 @@ void poll_overdue_probes(Bundle* b) {
   {
     std::lock_guard l(b->lk);
     int64_t now = mono_ms();
-    for (const auto& p : b->paths) overdue |= !p.down && p.probation && now - p.probe_ms >= kProbePollMs;
+    for (const auto& p : b->paths) overdue |= !p.down() && p.probation() && now - p.probe_ms >= kProbePollMs;
   }
   if (overdue) drain(b);
 }
@@ -223,7 +222,7 @@ std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms) {
   {
     std::lock_guard l(b->lk);
     for (int i : cand)
-      if (!b->paths[i].down && !b->paths[i].probation) probe(b, i);
+      if (!b->paths[i].down() && !b->paths[i].probation()) probe(b, i);
   }
   std::vector<int> ok;
   int64_t deadline = mono_ms() + ms;

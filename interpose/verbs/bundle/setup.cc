@@ -24,7 +24,7 @@ namespace shunt::verbs::bundle {
 void fall_back(Bundle* b, const std::string& why) {
   {
     std::lock_guard g(b->mu);
-    b->state = "primary-only: " + why;
+    set_phase(b, Phase::primary_only, why);
     settle_prim_router(b, false);
   }
   log::warn("{} QP {}: bundle stays primary-only: {}", b->ctx->device, b->pqp->qp_num, why);
@@ -52,7 +52,7 @@ void activate(Bundle* b) {
       if (!p.pc) p.pc = b->ctx;
     b->active.store(true, std::memory_order_release);
   }
-  b->state = "active";
+  set_phase(b, Phase::active);
   // "N shadow paths (UDP source ports ...)" counts those on the QP's own
   // NIC; those on other NICs follow, per NIC.
   std::string ports, others;
@@ -105,7 +105,7 @@ bool register_probe_paths(Bundle* b) {
       json list = json::array(), spare = json::array();
       // The application's QP too, where shunt knows its port (its flow
       // label), until it fails (it is never renewed).
-      if (!k && path_sport(b->prim) && b->prim.qp && !b->prim.down) list.push_back(path_sport(b->prim));
+      if (!k && path_sport(b->prim) && b->prim.qp && !b->prim.down()) list.push_back(path_sport(b->prim));
       for (size_t i = 0; i < b->paths.size(); i++) {
         const Path& p = b->paths[i];
         if (p.rail != static_cast<int>(k)) continue;
@@ -116,7 +116,7 @@ bool register_probe_paths(Bundle* b) {
         // SHUNT_PATH_DEAD_MS), not a failed path (its probes tell when the
         // route is back), and none where queue steering reads every path's
         // queue from its probes.
-        if (static_cast<int>(i) != b->carrier && !p.down && !b->steer_queue) spare.push_back(0xC000 | p.flow_label);
+        if (static_cast<int>(i) != b->carrier && !p.down() && !b->steer_queue) spare.push_back(0xC000 | p.flow_label);
       }
       std::string local, peer;
       const ibv_gid& lg = k ? b->rails[k].lgid : b->lgid;
@@ -245,13 +245,13 @@ void run_setup(Bundle* b) {
         e.clear();
       }
     }
-    b->state = "finding paths";
+    set_phase(b, Phase::finding_paths);
   }
   spread_over_routers(b);
   {
     std::lock_guard g(b->mu);
     if (b->dead) return;
-    b->state = "asking the peer";
+    set_phase(b, Phase::asking_peer);
   }
   {
     int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);

@@ -225,7 +225,7 @@ int fitting_path(Bundle* b, const ibv_send_wr* w) {
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
   int target;
   if (two_sided(w->opcode)) {
-    if (b->moving || P(b, b->carrier).down || !fits(b, b->carrier, w)) return kWait;
+    if (b->moving || P(b, b->carrier).down() || !fits(b, b->carrier, w)) return kWait;
     target = b->carrier;
   } else if (!b->flowlet && !b->moving && usable(P(b, b->carrier)) && fits(b, b->carrier, w)) {
     target = b->carrier;  // pin: with the two-sided work, never fenced
@@ -236,7 +236,7 @@ int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
     if (target != kNone && !fits(b, target, w)) target = fitting_path(b, w);
     if (target == kNone) {  // every shadow failed: the carrier takes it all
       b->cur = 0;
-      if (b->moving || P(b, b->carrier).down || !fits(b, b->carrier, w)) return kWait;
+      if (b->moving || P(b, b->carrier).down() || !fits(b, b->carrier, w)) return kWait;
       target = b->carrier;
     }
   }

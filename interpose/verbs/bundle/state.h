@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "interpose/verbs/bundle/life.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
 #include "interpose/verbs/steer.h"
@@ -161,10 +162,10 @@ struct Path {
   Ring<Signaled> signaled;
   Ring<Copy> infl;  // WRs after done, for a replay
   bool last_signaled = true;
-  bool down = false;  // failed: not posted to until renewed; its errors never reach the application
-  bool probation = false;  // renewed: used once its probe completed
-  bool renewed = false;    // renewed and not yet seen to work (its probe's completion is its path_up)
-  bool planned_down = false;  // stopped by a planned carrier move (steering), not a failure
+  Life life = Life::in_service;  // in service, on probation, down (life.h)
+  bool down() const { return is_down(life); }
+  bool probation() const { return on_probation(life); }
+  void step(LifeEvent e) { life = next(life, e); }
   int64_t probe_ms = 0;    // when its probe went out
   // Stall watch: the last `done` it saw, and since when it has not moved.
   uint64_t watch_done = 0;
@@ -241,6 +242,20 @@ struct BundleRail {
   std::unordered_map<uint32_t, uint32_t> rkeys;
 };
 
+// Where a bundle is in its life (Bundle::phase, under Bundle::mu); each
+// value's words (phase_text) are what the stats file and shuntctl show.
+enum class Phase : uint8_t {
+  waiting_rts,    // made at INIT: the application's QP is not at RTS yet
+  setting_up,     // the deciding end's set-up thread runs
+  waiting_peer,   // the answering end: waits for the peer's shim to join
+  finding_paths,  // the deciding end: discovers the routers of its shadows' ports
+  asking_peer,    // the deciding end: bundle-join sent
+  joined,         // the answering end: joined, waits for bundle-activate
+  active,         // its paths carry the application's work
+  primary_only,   // stays on the application's QP alone (Bundle::why says why)
+  failed,         // no path can carry its work: the application gets its errors (why)
+};
+
 }  // namespace shunt::verbs::bundle
 
 namespace shunt::verbs {
@@ -253,7 +268,8 @@ struct Bundle {
   std::mutex mu;
   bool dead = false, started = false, registered = false, probed = false;
   std::string probed_sports;  // the source ports the agent probes for it (JSON)
-  std::string state = "waiting for RTS";
+  bundle::Phase phase = bundle::Phase::waiting_rts;
+  std::string why;  // primary_only or failed: the reason
   int access = 0;
   int peer_access = -1;  // the peer QP's access flags (its shadows have them); -1: not told
   uint8_t port = 1;

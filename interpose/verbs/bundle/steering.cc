@@ -175,7 +175,7 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
         view[std::to_string(i)] = json::array({v.own.verdict, std::round(v.own.excess_ns / 1000),
                                                std::round(v.own.threshold_ns / 1000), v.own.same ? 1 : 0});
     };
-    if (!b->prim.down) {
+    if (!b->prim.down()) {
       CarrierView v;
       fill(v, kPrimary);
       if (b->carrier == kPrimary) c = v;

@@ -101,8 +101,8 @@ void run_worker(Bundle* b) {
     int wait_ms = 50;
     {
       std::lock_guard l(b->lk);
-      bool whole = !b->need_move && !b->prim.down && !(b->split && b->steer_queue);
-      for (const auto& p : b->paths) whole &= !p.down && !p.probation;
+      bool whole = !b->need_move && !b->prim.down() && !(b->split && b->steer_queue);
+      for (const auto& p : b->paths) whole &= !p.down() && !p.probation();
       if (whole) wait_ms = 200;
       if (whole && counts_open && g_gen_watch_ok.load() && !b->split && !b->carrier_steer) wait_ms = kQuietMs;
     }
@@ -165,10 +165,10 @@ void run_worker(Bundle* b) {
       need_move = b->need_move;
       gave_up = b->gave_up;
       for (size_t i = 0; i < b->paths.size(); i++)
-        if (b->paths[i].down && static_cast<int>(i) != b->carrier) {
+        if (b->paths[i].down() && static_cast<int>(i) != b->carrier) {
           down.push_back(static_cast<int>(i));
-          unproven[i] = b->paths[i].renewed;
-          planned[i] = b->paths[i].planned_down;
+          unproven[i] = bundle::unproven(b->paths[i].life);
+          planned[i] = bundle::planned(b->paths[i].life);
         }
     }
     if (gave_up) return;

@@ -122,7 +122,7 @@ void bundle_probe_for_test(QpRecord* r, int path) {
 bool bundle_probation_for_test(QpRecord* r, int path) {
   Bundle* b = r->bundle.load();
   std::lock_guard l(b->lk);
-  return b->paths[path].probation;
+  return b->paths[path].probation();
 }
 
 int bundle_carrier_for_test(QpRecord* r) {
@@ -138,7 +138,7 @@ bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed) {
     std::lock_guard l(b->lk);
     from = b->carrier;
     b->moving = true;
-    P(b, from).down = true;
+    P(b, from).step(LifeEvent::fail);
   }
   json info;
   return move_sends(b, from, to, peer_consumed, &info);
