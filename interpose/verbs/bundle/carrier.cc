@@ -3,11 +3,11 @@
 
 #include <unistd.h>
 #include <algorithm>
-#include <thread>
 
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
+#include "interpose/core/threads.h"
 
 namespace shunt::verbs::bundle {
 
@@ -249,7 +249,7 @@ json answer_carrier_prepare(const json& req) {
     start_give_up(b, "the receives could not move");
     return {{"error", "the receives could not move"}};
   }
-  std::thread([b, moves] { contained("carrier commit watch", [=] { watch_commit(b, moves); }, [](const std::string&) {}); }).detach();
+  start_thread("carrier commit watch", [b, moves] { watch_commit(b, moves); });
   return {{"to", to}, {"consumed", mine}, {"down", down_list(b)}};
 }
 

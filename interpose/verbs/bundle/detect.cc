@@ -10,11 +10,11 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
-#include <thread>
 
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
+#include "interpose/core/threads.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
 
@@ -346,7 +346,7 @@ void start_stall_watch() {
   if (g_watch_pid.exchange(me) == me) return;
   if (g_watch_wake >= 0) close(g_watch_wake);  // a forked child's copy of its parent's
   g_watch_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  std::thread([] { contained("stall watch", run_stall_watch, [](const std::string&) {}); }).detach();
+  if (!start_thread("stall watch", run_stall_watch)) g_watch_pid.store(0);  // the next bundle tries again
 }
 
 // Tells the watch that the live bundles changed; with wait, returns once

@@ -4,12 +4,12 @@
 #include <sys/random.h>
 #include <unistd.h>
 #include <cstring>
-#include <thread>
 #include <optional>
 
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
+#include "interpose/core/threads.h"
 #include "interpose/peer/channel.h"
 #include "interpose/verbs/rails.h"
 #include "telemetry/event_log.h"
@@ -223,15 +223,10 @@ void give_up(Bundle* b, const std::string& why) {
 
 // give_up on a thread of its own (callers hold locks it takes).
 void start_give_up(Bundle* b, std::string why) {
-  std::thread([b, why = std::move(why)] {
-    contained(
-        "bundle give-up",
-        [&] {
-          std::lock_guard m(b->move_mu);  // see watch_commit
-          if (alive(b)) give_up(b, why);
-        },
-        [](const std::string&) {});
-  }).detach();
+  start_thread("bundle give-up", [b, why = std::move(why)] {
+    std::lock_guard m(b->move_mu);  // see watch_commit
+    if (alive(b)) give_up(b, why);
+  });
 }
 
 // Asks the peer's shim until total_ms, on all of its addresses (its other

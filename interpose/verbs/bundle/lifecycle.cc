@@ -2,10 +2,10 @@
 #include "interpose/verbs/bundle/parts.h"
 
 #include <unistd.h>
-#include <thread>
 
 #include "interpose/core/log.h"
 #include "interpose/core/runtime.h"
+#include "interpose/core/threads.h"
 
 namespace shunt::verbs::bundle {
 
@@ -119,10 +119,9 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
       }
     }
   }
-  if (start)
-    std::thread([b] {
-      contained("bundle setup", [b] { run_setup(b); }, [b](const std::string& why) { fall_back(b, "setup failed: " + why); });
-    }).detach();
+  if (start && !start_thread("bundle setup", [b] { run_setup(b); },
+                              [b](const std::string& why) { fall_back(b, "setup failed: " + why); }))
+    fall_back(b, "no thread for its setup");
 }
 
 void bundle_on_destroy(QpRecord* r) {

@@ -12,6 +12,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
+#include "interpose/core/threads.h"
 #include "interpose/verbs/probe_ask.h"
 
 namespace shunt::verbs::bundle {
@@ -29,7 +30,7 @@ std::atomic<bool> g_gen_watch_ok{false};
 void start_gen_watch(const std::string& shm_name) {
   static std::once_flag once;
   std::call_once(once, [shm_name] {
-    std::thread([shm_name] { contained("probe generation watch", [&] {
+    start_thread("probe generation watch", [shm_name] {
       ReentryGuard guard;
       pthread_setname_np(pthread_self(), "shunt-probe-gen");
       clocksync::ClockReader r;
@@ -53,7 +54,7 @@ void start_gen_watch(const std::string& shm_name) {
         if (r.wait_paths_gen(seen, static_cast<int>(std::max<int64_t>(1, next_look - mono_ms()))))
           wake_probed_workers();
       }
-    }, [](const std::string&) {}); }).detach();
+    });  // without it, the workers look at the count every 200 ms
   });
 }
 
@@ -322,7 +323,10 @@ void wake_worker(Bundle* b) {
   b->wcv.notify_one();
   // A worker that throws leaves its bundle without failover rather than
   // ending the job; worker_exited still tells its waiters it is gone.
-  if (start) std::thread([b] { contained("bundle worker", [b] { run_worker(b); }, [](const std::string&) {}); }).detach();
+  if (start && !start_thread("bundle worker", [b] { run_worker(b); })) {
+    std::lock_guard w(b->wmu);
+    b->worker = false;  // the next wake-up tries again
+  }
 }
 
 // Every bundle this process made (they are never freed: `dead` marks the
