@@ -159,43 +159,66 @@ namespace shunt::verbs::bundle {
 
 namespace {
 
+json answer_give_up(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b) return {{"error", "no such QP"}};
+  start_give_up(b, "the peer's shim gave up: " + req.value("why", std::string("?")));
+  return {{"ok", true}};
+}
+
+json answer_rkeys(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  std::vector<uint32_t> want;
+  for (const auto& x : req.value("want", json::array()))
+    if (x.is_number_unsigned() && want.size() < 256) want.push_back(x.get<uint32_t>());
+  std::lock_guard g(b->mu);
+  return {{"rails", rkeys_json(b, &want)}};
+}
+
+json answer_renew_now(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
+  b->renew_now.store(true);
+  wake_worker(b);
+  return {{"ok", true}};
+}
+
+// Who answers each of the peer's messages (parts.h, Msg), in their order.
+struct Answer {
+  Msg msg;
+  json (*fn)(const json& req);
+};
+constexpr Answer kAnswers[] = {
+    {Msg::join, answer_join},
+    {Msg::activate, answer_activate},
+    {Msg::abort, answer_abort},
+    {Msg::give_up, answer_give_up},
+    {Msg::carrier_down, answer_carrier_down},
+    {Msg::carrier_prepare, answer_carrier_prepare},
+    {Msg::carrier_commit, answer_carrier_commit},
+    {Msg::path_renew, answer_path_renew},
+    {Msg::path_down, answer_path_down},
+    {Msg::steer_view, answer_steer_view},
+    {Msg::rkeys, answer_rkeys},
+    {Msg::renew_now, answer_renew_now},
+};
+constexpr bool every_message_answered() {
+  if (sizeof(kAnswers) / sizeof(kAnswers[0]) != kMsgs) return false;
+  for (int i = 0; i < kMsgs; i++)
+    if (kAnswers[i].msg != static_cast<Msg>(i)) return false;
+  return true;
+}
+static_assert(every_message_answered(), "kAnswers names each Msg once, in order");
+
 json answer(const json& req, const std::string& cmd) {
+  Msg m;
+  if (!msg_of(cmd, &m)) return {{"error", "unknown command " + cmd}};
   try {
-    if (cmd == "bundle-join") return answer_join(req);
-    if (cmd == "bundle-activate") return answer_activate(req);
-    if (cmd == "bundle-abort") return answer_abort(req);
-    if (cmd == "bundle-give-up") {
-      Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
-      if (!b) return {{"error", "no such QP"}};
-      start_give_up(b, "the peer's shim gave up: " + req.value("why", std::string("?")));
-      return {{"ok", true}};
-    }
-    if (cmd == "carrier-down") return answer_carrier_down(req);
-    if (cmd == "carrier-prepare") return answer_carrier_prepare(req);
-    if (cmd == "carrier-commit") return answer_carrier_commit(req);
-    if (cmd == "path-renew") return answer_path_renew(req);
-    if (cmd == "path-down") return answer_path_down(req);
-    if (cmd == "steer-view") return answer_steer_view(req);
-    if (cmd == "bundle-rkeys") {
-      Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
-      if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
-      std::vector<uint32_t> want;
-      for (const auto& x : req.value("want", json::array()))
-        if (x.is_number_unsigned() && want.size() < 256) want.push_back(x.get<uint32_t>());
-      std::lock_guard g(b->mu);
-      return {{"rails", rkeys_json(b, &want)}};
-    }
-    if (cmd == "renew-now") {
-      Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
-      if (!b || !bundle_active(b)) return {{"error", "no active bundle for that QP"}};
-      b->renew_now.store(true);
-      wake_worker(b);
-      return {{"ok", true}};
-    }
+    return kAnswers[static_cast<int>(m)].fn(req);
   } catch (const json::exception& e) {
     return {{"error", std::string("malformed request: ") + e.what()}};
   }
-  return {{"error", "unknown command " + cmd}};
 }
 
 }  // namespace

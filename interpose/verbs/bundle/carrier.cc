@@ -54,8 +54,8 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
   }
   std::string err;
   auto prep = ask_peer(b,
-                       {{"cmd", "carrier-prepare"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
-                        {"candidates", cand}, {"down", down_list(b)}, {"planned", planned}},
+                       request(b, Msg::carrier_prepare,
+                               {{"candidates", cand}, {"down", down_list(b)}, {"planned", planned}}),
                        10000, &err);
   if (!prep || !prep->contains("to")) {
     if (prep) mark_down(b, b->ctx, prep->value("down", json::array()));
@@ -83,8 +83,7 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
     give_up(b, info.value("error", ""));
     return true;
   }
-  auto ok = ask_peer(b, {{"cmd", "carrier-commit"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"to", to},
-                         {"consumed", mine}, {"planned", planned}},
+  auto ok = ask_peer(b, request(b, Msg::carrier_commit, {{"to", to}, {"consumed", mine}, {"planned", planned}}),
                      10000, &err);
   if (!ok || !ok->value("ok", false)) {
     give_up(b, "the peer did not take the new path: " + (ok ? ok->dump() : err));
@@ -112,8 +111,7 @@ void refresh_rkeys(Bundle* b) {
   }
   if (want.empty()) return;
   std::string err;
-  auto r = ask_peer(b, {{"cmd", "bundle-rkeys"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"want", want}}, 3000,
-                    &err);
+  auto r = ask_peer(b, request(b, Msg::rkeys, {{"want", want}}), 3000, &err);
   if (!r) {
     log::info("{} QP {}: the peer's rkeys on its other NICs: {}", b->ctx->device, b->pqp->qp_num, err);
     std::lock_guard l(b->lk);

@@ -161,4 +161,31 @@ bool read_paths(Bundle* b, const json& reply, std::string* err) {
   return true;
 }
 
+namespace {
+
+constexpr const char* kMsgNames[kMsgs] = {
+    "bundle-join",    "bundle-activate", "bundle-abort", "bundle-give-up", "carrier-down", "carrier-prepare",
+    "carrier-commit", "path-renew",      "path-down",    "steer-view",     "bundle-rkeys", "renew-now",
+};
+
+}  // namespace
+
+const char* msg_name(Msg m) { return kMsgNames[static_cast<int>(m)]; }
+
+bool msg_of(const std::string& name, Msg* m) {
+  for (int i = 0; i < kMsgs; i++)
+    if (name == kMsgNames[i]) {
+      *m = static_cast<Msg>(i);
+      return true;
+    }
+  return false;
+}
+
+json request(const Bundle* b, Msg m, json fields) {
+  fields["cmd"] = msg_name(m);
+  fields["gid"] = gid_hex(b->rgid);
+  fields["qpn"] = b->rqpn;
+  return fields;
+}
+
 }  // namespace shunt::verbs::bundle

@@ -39,6 +39,23 @@ inline void bump_locked(std::atomic<uint64_t>& c, uint64_t n) {
 }
 
 // ---- types of messages
+// The requests one end's shim sends the other's about their QP pair, over
+// the peer channel; each is answered by the handler api.cc's table names.
+enum class Msg : uint8_t {
+  join,             // bundle-join: the deciding end's paths, for the answering end's halves
+  activate,         // bundle-activate: which halves to keep; both ends go active
+  abort,            // bundle-abort: the set-up ends (the answer says whether it was active)
+  give_up,          // bundle-give-up: no path carries the work: the application gets its errors
+  carrier_down,     // carrier-down: the carrier failed; the answering end moves its receives
+  carrier_prepare,  // carrier-prepare: the first half of a carrier move (receives)
+  carrier_commit,   // carrier-commit: its second half (sends, by the consumed count)
+  path_renew,       // path-renew: renew these paths' halves on new ports
+  path_down,        // path-down: these paths failed here
+  steer_view,       // steer-view: the forward queues this end sees, for the deciding end
+  rkeys,            // bundle-rkeys: the peer's rkeys on its other NICs
+  renew_now,        // renew-now: a route came back: renew without waiting out the backoff
+};
+inline constexpr int kMsgs = 12;
 // One of the peer's halves: a path on its application NIC, or (gid set) on
 // another of its NICs; `none`: the peer has no half for this one.
 struct Half {
@@ -105,6 +122,12 @@ void track_shadows(Bundle* b);
 void destroy_shadows(Bundle* b, bool keep);
 
 // ---- messages.cc
+// A message's name on the wire, and the message of a name (false: none).
+const char* msg_name(Msg m);
+bool msg_of(const std::string& name, Msg* m);
+// A request about b's QP pair: the message's name, the peer's GID and QPN,
+// and the fields given.
+json request(const Bundle* b, Msg m, json fields = json::object());
 json local_addrs();
 void read_addrs(Bundle* b, const json& msg);
 json path_json(const Bundle* b, const Path& p);

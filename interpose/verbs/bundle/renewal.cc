@@ -253,9 +253,7 @@ std::vector<int> renew_paths(Bundle* b, const std::vector<int>& want, std::strin
     }
   std::vector<int> done;
   if (reset.empty()) return done;
-  auto r = ask_peer(b,
-                    {{"cmd", "path-renew"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"paths", list}, {"planned", planned}},
-                    3000, err);
+  auto r = ask_peer(b, request(b, Msg::path_renew, {{"paths", list}, {"planned", planned}}), 3000, err);
   if (!r || !r->contains("psns") || !(*r)["psns"].is_array()) {
     if (r) *err = r->dump();
     return done;

@@ -255,9 +255,9 @@ void run_setup(Bundle* b) {
   }
   {
     int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
-    json join = {{"cmd", "bundle-join"},   {"gid", gid_hex(b->rgid)},       {"qpn", b->rqpn},
-                 {"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
-                 {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}};
+    json join = request(b, Msg::join,
+                        {{"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
+                         {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}});
     std::optional<json> reply;
     int port = 0;
     std::string last = "no answer";
@@ -309,8 +309,7 @@ void run_setup(Bundle* b) {
       keep.push_back(x);
     }
     g.unlock();  // no bundle lock across the network
-    auto ok = ask_peer(b, {{"cmd", "bundle-activate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"keep", keep}},
-                       5000, &err);
+    auto ok = ask_peer(b, request(b, Msg::activate, {{"keep", keep}}), 5000, &err);
     if (config().num(Param::test_lose_activation) == 1) ok.reset(), err = "its answer lost (SHUNT_TEST_LOSE_ACTIVATION)";
     g.lock();
     if (b->dead) return;
@@ -318,7 +317,7 @@ void run_setup(Bundle* b) {
       err = "the peer did not activate: " + (ok ? ok->dump() : err);
       g.unlock();
       std::string aerr;
-      auto ab = ask_peer(b, {{"cmd", "bundle-abort"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 2000, &aerr);
+      auto ab = ask_peer(b, request(b, Msg::abort), 2000, &aerr);
       g.lock();
       if (b->dead) return;
       // The peer activated and its answer was lost (a starved host): this

@@ -207,7 +207,7 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
     b->view_sent_ms = now;
   }
   std::string err;
-  ask_peer(b, {{"cmd", "steer-view"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"view", view}}, 1000, &err);
+  ask_peer(b, request(b, Msg::steer_view, {{"view", view}}), 1000, &err);
   return -1;
 }
 

@@ -185,7 +185,7 @@ void run_worker(Bundle* b) {
     if (!decides) {
       if (b->renew_now.exchange(false)) {  // the deciding side renews: it should not wait out its backoff
         std::string err;
-        ask_peer(b, {{"cmd", "renew-now"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 3000, &err);
+        ask_peer(b, request(b, Msg::renew_now), 3000, &err);
       }
       if (need_move) {
         std::string err;
@@ -202,8 +202,7 @@ void run_worker(Bundle* b) {
         // the application its errors at once.
         if (!move_since) move_since = now;
         auto r = ask_peer(b,
-                          {{"cmd", "carrier-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn},
-                           {"carrier", carrier}, {"down", down_list(b)}},
+                          request(b, Msg::carrier_down, {{"carrier", carrier}, {"down", down_list(b)}}),
                           static_cast<int>(std::clamp<int64_t>(move_since + hold - now, 1000, 10000)), &err);
         if (r && r->value("ok", false)) {
           move_since = 0;
@@ -230,8 +229,7 @@ void run_worker(Bundle* b) {
           if (!planned[i]) failed.push_back(i);
         if (failed != reported) {
           std::string err;
-          auto r = ask_peer(b, {{"cmd", "path-down"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"down", failed}},
-                            3000, &err);
+          auto r = ask_peer(b, request(b, Msg::path_down, {{"down", failed}}), 3000, &err);
           if (r) reported = failed;
         }
       }
@@ -245,7 +243,7 @@ void run_worker(Bundle* b) {
         std::string why = "no path came back within SHUNT_HOLD_MS (" + std::to_string(hold) + " ms)", err;
         give_up(b, why);
         // The other end holds its work too: it gives up with this side.
-        ask_peer(b, {{"cmd", "bundle-give-up"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}, {"why", why}}, 3000, &err);
+        ask_peer(b, request(b, Msg::give_up, {{"why", why}}), 3000, &err);
         return;
       }
     }
