@@ -164,7 +164,7 @@ struct EngineCounters {
   uint64_t wakeups = 0;     // times the engine thread woke (it sleeps until something is due)
 };
 
-struct PathState;  // engine.cc
+struct PathState;  // engine_impl.h
 
 class ProbeEngine {
  public:
@@ -245,8 +245,8 @@ class ProbeEngine {
   const TimeSource& time() const { return ts_; }
   const EngineConfig& config() const { return cfg_; }
 
-  struct Peer;        // engine.cc
-  struct SourcePath;  // engine.cc
+  struct Peer;        // engine_impl.h
+  struct SourcePath;  // engine_impl.h
 
  private:
   struct Pending;
