@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <unistd.h>
+
 #include <cmath>
 #include <cerrno>
 #include <fstream>

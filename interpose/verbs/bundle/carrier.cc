@@ -2,6 +2,7 @@
 #include "interpose/verbs/bundle/parts.h"
 
 #include <unistd.h>
+
 #include <algorithm>
 
 #include "interpose/core/log.h"

@@ -6,10 +6,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <pthread.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <functional>
 
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"

@@ -11,24 +11,6 @@
 
 namespace shunt::verbs::bundle {
 
-bool alive(Bundle* b) {
-  std::lock_guard g(b->mu);
-  return !b->dead;
-}
-
-Bundle* find_bundle(const std::string& gid, uint32_t qpn) {
-  std::lock_guard g(g_mu);
-  if (!g_bundles) return nullptr;
-  for (auto it = g_bundles->rbegin(); it != g_bundles->rend(); ++it) {
-    Bundle* b = *it;
-    if (b->pqp->qp_num == qpn && gid_hex(b->lgid) == gid) {
-      std::lock_guard m(b->mu);
-      if (!b->dead) return b;
-    }
-  }
-  return nullptr;
-}
-
 json answer_join(const json& req) {
   Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
   if (!b) return {{"retry", "no such QP here yet"}};

@@ -2,6 +2,7 @@
 #include "interpose/verbs/bundle/parts.h"
 
 #include <sys/random.h>
+
 #include <cstring>
 #include <cstdio>
 
@@ -70,6 +71,12 @@ std::string phase_text(Phase p, const std::string& why, bool destroyed) {
 void set_phase(Bundle* b, Phase p, std::string why) {
   b->phase = p;
   b->why = std::move(why);
+}
+
+// The side with the lower (GID, QPN) sets the bundle up; the other answers.
+bool initiates(const Bundle* b) {
+  int c = memcmp(b->lgid.raw, b->rgid.raw, 16);
+  return c < 0 || (c == 0 && b->pqp->qp_num < b->rqpn);
 }
 
 }  // namespace shunt::verbs::bundle

@@ -7,13 +7,6 @@
 #include "interpose/core/runtime.h"
 #include "interpose/core/threads.h"
 
-namespace shunt::verbs::bundle {
-
-std::mutex g_mu;  // the list of bundles
-std::vector<Bundle*>* g_bundles = nullptr;
-
-}  // namespace shunt::verbs::bundle
-
 namespace shunt::verbs {
 
 using namespace bundle;

@@ -4,10 +4,17 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "interpose/core/log.h"
+#include "interpose/core/mono.h"
+#include "interpose/core/runtime.h"
+#include "interpose/peer/channel.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {
@@ -186,6 +193,54 @@ json request(const Bundle* b, Msg m, json fields) {
   fields["gid"] = gid_hex(b->rgid);
   fields["qpn"] = b->rqpn;
   return fields;
+}
+
+// Asks the peer's shim until total_ms, on all of its addresses (its other
+// rails: the one behind its GID may be the one that failed), trying again
+// on new connections (new source ports, so where a spine is dead another
+// chance of an ECMP path around it). Every try carries the same request id:
+// a peer that executed the request but whose answer was lost answers the
+// same again.
+std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err) {
+  std::vector<std::string> ips(1);
+  if (!gid_v4(b->rgid, &ips[0])) return std::nullopt;
+  {
+    std::lock_guard g(b->mu);
+    for (const auto& a : b->peer_addrs)
+      if (a != ips[0]) ips.push_back(a);
+  }
+  uint64_t rid = 0;
+  if (getrandom(&rid, sizeof rid, 0) != sizeof rid) rid = static_cast<uint64_t>(mono_ns());
+  req["rid"] = rid & 0xffffffffffffull;
+  const peer::Key key = peer::job_key_from(config().str(Param::job_key));
+  int64_t deadline = mono_ms() + total_ms;
+  while (mono_ms() < deadline) {
+    int port;
+    {
+      std::lock_guard g(b->mu);
+      port = b->peer_port;
+    }
+    size_t k = 0;
+    if (!port) {  // the peer's process listener, through its host agent
+      auto r = peer::race(ips, static_cast<int>(config().num(Param::peer_port)), key,
+                          {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 1000, &k, err);
+      if (r && r->value("port", 0) > 0) {
+        port = r->value("port", 0);
+        std::lock_guard g(b->mu);
+        b->peer_port = port;
+      }
+    }
+    if (port) {
+      auto r = peer::race(ips, port, key, req, 1000, &k, err);
+      if (r) return r;
+    }
+    usleep(20 * 1000);
+  }
+  return std::nullopt;
+}
+
+std::optional<json> ask(const std::string& ip, int port, const json& req, std::string* err) {
+  return peer::call(ip, port, peer::job_key_from(config().str(Param::job_key)), req, 3000, err);
 }
 
 }  // namespace shunt::verbs::bundle

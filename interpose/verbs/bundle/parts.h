@@ -1,5 +1,9 @@
-// What each part of the bundle offers the others, by file, lowest layer
-// first (state.h holds the types). Only these files include it.
+// What each part of the bundle offers the others, by file, in the order of
+// their layers: a file calls only those listed before it, and one call goes
+// the other way, wake_worker (worker.cc: the parts below wake the failover
+// worker, which starts on its first wake-up). lifecycle.cc, datapath.cc and
+// api.cc, the top, offer only bundle.h. state.h holds the types; test
+// hooks are in testing/. Only these files include it.
 #pragma once
 #include <functional>
 #include <optional>
@@ -111,6 +115,43 @@ uint32_t label_seed(const Bundle* b);
 uint32_t sport_of(uint32_t fl);
 uint32_t path_sport(const Path& p);
 bool parse_gid(const std::string& hex, ibv_gid* g);
+// The side with the lower (GID, QPN) sets the bundle up; the other answers.
+bool initiates(const Bundle* b);
+
+// ---- list.cc
+extern std::mutex g_mu;                  // the list of bundles
+extern std::vector<Bundle*>* g_bundles;  // never shrinks
+bool alive(Bundle* b);
+Bundle* find_bundle(const std::string& gid, uint32_t qpn);
+std::vector<Bundle*> all_bundles();
+
+// ---- messages.cc
+// A message's name on the wire, and the message of a name (false: none).
+const char* msg_name(Msg m);
+bool msg_of(const std::string& name, Msg* m);
+// A request about b's QP pair: the message's name, the peer's GID and QPN,
+// and the fields given.
+json request(const Bundle* b, Msg m, json fields = json::object());
+// Asks the peer's shim (its process listener, found through its host agent)
+// until total_ms; never with a bundle lock held.
+std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
+// One request to a shim or agent at ip:port.
+std::optional<json> ask(const std::string& ip, int port, const json& req, std::string* err);
+json local_addrs();
+void read_addrs(Bundle* b, const json& msg);
+json path_json(const Bundle* b, const Path& p);
+json paths_json(const Bundle* b);
+bool parse_paths(const json& ps, size_t max, std::vector<Half>* out);
+json rkeys_json(const Bundle* b, const std::vector<uint32_t>* only = nullptr);
+void read_rkeys(Bundle* b, const json& msg);
+bool read_paths(Bundle* b, const json& reply, std::string* err);
+
+// ---- probes.cc
+std::string probe_key(const Bundle* b, size_t k = 0);
+size_t rail_count(const Bundle* b);
+bool register_probe_paths(Bundle* b);
+void drop_probe_paths(Bundle* b);
+bool probe_stats(Bundle* b, ProbeStats* out);
 
 // ---- shadows.cc
 void init_rails(Bundle* b);
@@ -120,22 +161,6 @@ bool shadow_to_rts(Bundle* b, Path& p, std::string* err);
 bool connect_shadow(Bundle* b, Path& p, std::string* err);
 void track_shadows(Bundle* b);
 void destroy_shadows(Bundle* b, bool keep);
-
-// ---- messages.cc
-// A message's name on the wire, and the message of a name (false: none).
-const char* msg_name(Msg m);
-bool msg_of(const std::string& name, Msg* m);
-// A request about b's QP pair: the message's name, the peer's GID and QPN,
-// and the fields given.
-json request(const Bundle* b, Msg m, json fields = json::object());
-json local_addrs();
-void read_addrs(Bundle* b, const json& msg);
-json path_json(const Bundle* b, const Path& p);
-json paths_json(const Bundle* b);
-bool parse_paths(const json& ps, size_t max, std::vector<Half>* out);
-json rkeys_json(const Bundle* b, const std::vector<uint32_t>* only = nullptr);
-void read_rkeys(Bundle* b, const json& msg);
-bool read_paths(Bundle* b, const json& reply, std::string* err);
 
 // ---- placement.cc
 int shared_hops(const std::string& local, const std::string& peer, int candidates, int wait_ms, bool once,
@@ -147,28 +172,6 @@ void ask_prim_router_early(Bundle* b, uint32_t sport);
 void settle_prim_router(Bundle* b, bool take = true);
 void spread_over_routers(Bundle* b);
 void ask_prim_router(Bundle* b);
-
-// ---- setup.cc
-void fall_back(Bundle* b, const std::string& why);
-void activate(Bundle* b);
-std::string probe_key(const Bundle* b, size_t k = 0);
-size_t rail_count(const Bundle* b);
-bool register_probe_paths(Bundle* b);
-void drop_probe_paths(Bundle* b);
-bool register_owner(Bundle* b, std::string* err);
-std::optional<json> ask(const std::string& ip, int port, const json& req, std::string* err);
-bool initiates(const Bundle* b);
-void start_steering(Bundle* b);
-void run_setup(Bundle* b);
-bool rails_wanted(Bundle* b);
-int rail_for_half(Bundle* b, const ibv_gid& peer, std::string* err);
-
-// ---- handshake.cc
-bool alive(Bundle* b);
-Bundle* find_bundle(const std::string& gid, uint32_t qpn);
-json answer_join(const json& req);
-json answer_abort(const json& req);
-json answer_activate(const json& req);
 
 // ---- post.cc
 extern std::mutex g_stash_mu;
@@ -192,11 +195,12 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot);
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w);
 void flush_held(Bundle* b, ContextRecord* c);
 
-// ---- steering.cc
-bool probe_stats(Bundle* b, ProbeStats* out);
-void steer_tick(Bundle* b, const ProbeStats& stats);
-int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why);
-json answer_steer_view(const json& req);
+// ---- events.cc
+void event_down(Bundle* b, const After& a);
+void event_all_stalled(Bundle* b, size_t n);
+void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false);
+void event_renewed(Bundle* b, int i, bool probation);
+void event_up(Bundle* b, int i);
 
 // ---- failover.cc
 void path_failed(Bundle* b, int pi, int status, After* a, bool counted = true);
@@ -208,14 +212,11 @@ int64_t move_receives(Bundle* b, int to);
 bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info);
 void give_up(Bundle* b, const std::string& why);
 void start_give_up(Bundle* b, std::string why);
-std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);
 
-// ---- events.cc
-void event_down(Bundle* b, const After& a);
-void event_all_stalled(Bundle* b, size_t n);
-void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false);
-void event_renewed(Bundle* b, int i, bool probation);
-void event_up(Bundle* b, int i);
+// ---- steering.cc
+void steer_tick(Bundle* b, const ProbeStats& stats);
+int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why);
+json answer_steer_view(const json& req);
 
 // ---- renewal.cc
 std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home);
@@ -245,10 +246,19 @@ void watch_resync(bool wait);
 
 // ---- worker.cc
 void wake_worker(Bundle* b);
-std::vector<Bundle*> all_bundles();
 
-// ---- lifecycle.cc
-extern std::mutex g_mu;
-extern std::vector<Bundle*>* g_bundles;
+// ---- setup.cc
+void fall_back(Bundle* b, const std::string& why);
+void activate(Bundle* b);
+bool register_owner(Bundle* b, std::string* err);
+void start_steering(Bundle* b);
+void run_setup(Bundle* b);
+bool rails_wanted(Bundle* b);
+int rail_for_half(Bundle* b, const ibv_gid& peer, std::string* err);
+
+// ---- handshake.cc
+json answer_join(const json& req);
+json answer_abort(const json& req);
+json answer_activate(const json& req);
 
 }  // namespace shunt::verbs::bundle

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -12,9 +13,7 @@
 #include "interpose/core/log.h"
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
-#include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
-#include "interpose/peer/control.h"
 #include "interpose/verbs/rails.h"
 #include "telemetry/event_log.h"
 
@@ -76,89 +75,6 @@ void activate(Bundle* b) {
                                     {"udp_sports", ports}});
 }
 
-// The agent's key for the bundle's source paths on rail k (its own NIC: 0).
-std::string probe_key(const Bundle* b, size_t k) {
-  std::string key = gid_hex(b->lgid) + "-" + std::to_string(b->pqp->qp_num);
-  return k ? key + "/" + std::to_string(k) : key;
-}
-
-size_t rail_count(const Bundle* b) { return std::max<size_t>(b->rails.size(), 1); }
-
-// Asks the host agent's probe engine to probe the peer from every shadow's
-// UDP source port (clocksync source paths), each from its NIC's address to
-// the peer's on that rail; again, with the new list, once renewals moved
-// shadows to new ports (a no-op while the lists are the ones the agent
-// has). Without a probe engine, or for a NIC whose address the engine does
-// not probe from, the bundle works all the same; one line says why.
-// Returns whether it registered ports the agent did not probe for it yet.
-bool register_probe_paths(Bundle* b) {
-  std::string sock = agent::socket_path(), err;
-  if (sock.empty()) return false;
-  std::vector<json> sports, spares;
-  std::vector<std::pair<std::string, std::string>> ends;  // per rail: local, peer address
-  std::string all, via;  // via: the peer's address on the application's NIC
-  {
-    std::lock_guard g(b->mu);
-    if (b->dead || !b->active.load()) return false;
-    std::lock_guard l(b->lk);
-    for (size_t k = 0; k < rail_count(b); k++) {
-      json list = json::array(), spare = json::array();
-      // The application's QP too, where shunt knows its port (its flow
-      // label), until it fails (it is never renewed).
-      if (!k && path_sport(b->prim) && b->prim.qp && !b->prim.down()) list.push_back(path_sport(b->prim));
-      for (size_t i = 0; i < b->paths.size(); i++) {
-        const Path& p = b->paths[i];
-        if (p.rail != static_cast<int>(k)) continue;
-        list.push_back(0xC000 | p.flow_label);
-        // Spares: probed at SHUNT_SPARE_PROBE_EVERY. Not the carrier (the
-        // probes are how its silent loss is found; shadows that carry a
-        // split find theirs by their own ACK timeouts, about
-        // SHUNT_PATH_DEAD_MS), not a failed path (its probes tell when the
-        // route is back), and none where queue steering reads every path's
-        // queue from its probes.
-        if (static_cast<int>(i) != b->carrier && !p.down() && !b->steer_queue) spare.push_back(0xC000 | p.flow_label);
-      }
-      std::string local, peer;
-      const ibv_gid& lg = k ? b->rails[k].lgid : b->lgid;
-      const ibv_gid& rg = k ? b->rails[k].rgid : b->rgid;
-      if (!gid_v4(lg, &local) || !gid_v4(rg, &peer)) local.clear();
-      if (!k) via = peer;
-      all += list.dump() + spare.dump() + ";";
-      sports.push_back(std::move(list));
-      spares.push_back(std::move(spare));
-      ends.emplace_back(local, peer);
-    }
-    if (b->probed && all == b->probed_sports) return false;
-  }
-  bool any = false;
-  for (size_t k = 0; k < sports.size(); k++) {
-    if (ends[k].first.empty() || sports[k].empty()) continue;
-    auto r = peer::request(sock,
-                           {{"cmd", "bundle-paths"}, {"peer", ends[k].second}, {"local", ends[k].first},
-                            {"sports", sports[k]}, {"spares", spares[k]}, {"key", probe_key(b, k)}, {"via", via}},
-                           2000, &err);
-    if (r && r->value("ok", false)) {
-      any = true;
-      continue;
-    }
-    log::once(LogLevel::info, "bundle-probes-" + std::to_string(k),
-              "verbs bundles: shadow paths" + (k ? " on other NICs" : std::string()) +
-                  " are not probed: " + (r ? r->value("error", r->dump()) : err));
-  }
-  if (!any) return false;
-  std::lock_guard g(b->mu);
-  b->probed = true;
-  b->probed_sports = all;
-  return true;
-}
-
-void drop_probe_paths(Bundle* b) {
-  std::string sock = agent::socket_path(), err;
-  if (sock.empty()) return;
-  for (size_t k = 0; k < rail_count(b); k++)
-    peer::request(sock, {{"cmd", "bundle-paths-drop"}, {"key", probe_key(b, k)}}, 2000, &err);
-}
-
 // Makes this process reachable for its bundles and lists the QP in the
 // host's directory, so the peer's shim can find its owner.
 bool register_owner(Bundle* b, std::string* err) {
@@ -190,16 +106,6 @@ bool register_owner(Bundle* b, std::string* err) {
   }
   b->dir_file = f;
   return true;
-}
-
-std::optional<json> ask(const std::string& ip, int port, const json& req, std::string* err) {
-  return peer::call(ip, port, peer::job_key_from(config().str(Param::job_key)), req, 3000, err);
-}
-
-// The side with the lower (GID, QPN) sets the bundle up; the other answers.
-bool initiates(const Bundle* b) {
-  int c = memcmp(b->lgid.raw, b->rgid.raw, 16);
-  return c < 0 || (c == 0 && b->pqp->qp_num < b->rqpn);
 }
 
 // A probed bundle's failover worker runs from the start, before any

@@ -1,38 +1,16 @@
 // Steering: the shares of a split by the probes' queues, and a pinned bundle's carrier moved off a congested path.
 #include "interpose/verbs/bundle/parts.h"
 
-#include <cmath>
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "interpose/core/mono.h"
 #include "interpose/core/runtime.h"
-#include "interpose/peer/agent.h"
-#include "interpose/peer/control.h"
 #include "interpose/verbs/steer.h"
 #include "telemetry/event_log.h"
 
 namespace shunt::verbs::bundle {
-
-// What the host agent's probes say of the bundle's source paths now, by
-// (rail, source port): each path's entry of `bundle-paths-stats`. False
-// when no rail's request was answered.
-bool probe_stats(Bundle* b, ProbeStats* out) {
-  std::string sock = agent::socket_path(), err;
-  if (sock.empty()) return false;
-  size_t rails;
-  {
-    std::lock_guard g(b->mu);
-    rails = rail_count(b);
-  }
-  bool answered = false;
-  for (size_t k = 0; k < rails; k++) {
-    auto r = peer::request(sock, {{"cmd", "bundle-paths-stats"}, {"key", probe_key(b, k)}}, 1000, &err);
-    if (!r || !r->value("ok", false)) continue;
-    answered = true;
-    for (const auto& p : r->value("paths", json::array())) (*out)[{static_cast<int>(k), p.value("port", 0u)}] = p;
-  }
-  return answered;
-}
 
 // Steering a split bundle (steer.h): from the forward queues the host
 // agent's probes measure on the shadows' source ports, moves shares off

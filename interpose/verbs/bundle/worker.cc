@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 #include <pthread.h>
+
 #include <algorithm>
 #include <thread>
 #include <optional>
@@ -58,6 +59,213 @@ void start_gen_watch(const std::string& shm_name) {
   });
 }
 
+// What the worker keeps from one round to the next.
+struct WorkerState {
+  bool decides = false;
+  int64_t cap = 0, hold = 0;
+  std::vector<int64_t> due, backoff;
+  std::vector<std::deque<int64_t>> fails;
+  std::vector<bool> was_down;
+  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0, next_home = 0;
+  ProbeAsk ask;  // whether a path's probes are lost (probe_ask.h)
+  std::string shm_name;
+  clocksync::ClockReader counts;  // the agent's clock segment: its count of liveness changes
+  bool counts_open = false;
+  std::vector<int> reported, seen_down;
+  bool unreachable_logged = false;
+};
+
+// What one round found.
+struct Round {
+  int steer_to = -1;  // a steering move's target (-1: none)
+  json steer_why;
+  bool need_move = false, gave_up = false;
+  std::vector<int> down;
+  std::vector<bool> unproven;  // renewed, and failed before its probe came back
+  std::vector<bool> planned;   // stopped by a steering move, not failed
+};
+
+// Every 50 ms while something is to be done (a path down or on probation,
+// a move, queue steering); every 200 ms while the bundle is whole, when it
+// only looks at the agent's count (in-process failures wake it at once):
+// on one-CPU soft-RoCE guests the 50 ms rounds of every probed bundle were
+// a cost the job's throughput showed. Where the per-process watch wakes it
+// when the count moves (pin or flowlet, without carrier steering), a whole
+// bundle's worker sleeps up to 2 s: its home check and its registration
+// are what is left to do.
+void sleep_until_due(Bundle* b, const WorkerState& w) {
+  int wait_ms = 50;
+  {
+    std::lock_guard l(b->lk);
+    bool whole = !b->need_move && !b->prim.down() && !(b->split && b->steer_queue);
+    for (const auto& p : b->paths) whole &= !p.down() && !p.probation();
+    if (whole) wait_ms = 200;
+    if (whole && w.counts_open && g_gen_watch_ok.load() && !b->split && !b->carrier_steer) wait_ms = kQuietMs;
+  }
+  std::unique_lock lock(b->wmu);
+  b->wcv.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return b->wake; });
+  b->wake = false;
+}
+
+// The agent's probes and steering, outside move_mu: the agent's answer can
+// take a while and no failover waits for it (steering touches shares only,
+// under lk). false: the bundle is gone.
+bool probes_and_steering(Bundle* b, WorkerState& w, Round* r) {
+  bool probed;
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead) return false;
+    probed = b->probed;
+  }
+  const int64_t t = mono_ms();
+  if (probed && t >= w.next_probe_sync) {
+    w.next_probe_sync = t + 500;
+    // Renewed shadows: their new ports (nothing to ask while unchanged).
+    if (register_probe_paths(b)) w.ask.ports_registered();
+  }
+  if (b->split || b->carrier_steer) ask_prim_router(b);
+  const bool steer_due = probed && (b->split || b->carrier_steer) && b->steer_queue && t >= w.next_steer;
+  bool check_due = false;
+  if (probed) {
+    if (w.ask.regular(t) && !w.shm_name.empty() && (!w.counts_open || w.counts.replaced(w.shm_name))) {
+      w.counts_open = w.counts.open(w.shm_name, nullptr);
+      if (w.counts_open) start_gen_watch(w.shm_name);
+    }
+    check_due = w.ask.due(t, w.counts_open ? std::optional<uint64_t>(w.counts.paths_gen()) : std::nullopt);
+  }
+  if (steer_due || check_due) {
+    if (steer_due) w.next_steer = t + config().num(Param::steer_interval_ms);
+    ProbeStats st;
+    if (probe_stats(b, &st)) {
+      if (check_due) fail_silent_paths(b, st);
+      if (steer_due && b->split) steer_tick(b, st);
+      else if (steer_due) r->steer_to = carrier_steer_tick(b, st, w.decides, &r->steer_why);
+    } else if (check_due) {
+      w.ask.unanswered(t);
+    }
+  }
+  return true;
+}
+
+// The answering side's round: it reports what failed here, and asks the
+// deciding side for a carrier move; the deciding side decides.
+void report_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
+  if (b->renew_now.exchange(false)) {  // the deciding side renews: it should not wait out its backoff
+    std::string err;
+    ask_peer(b, request(b, Msg::renew_now), 3000, &err);
+  }
+  if (r.need_move) {
+    std::string err;
+    int carrier;
+    {
+      std::lock_guard l(b->lk);
+      carrier = b->carrier;
+      b->need_move = false;
+    }
+    // The peer may be out of reach as long as the paths are (its host's
+    // one link dark, say): this side holds its work and asks again each
+    // round, until SHUNT_HOLD_MS from the first ask, as the deciding
+    // side holds for a path to come back. A peer that answers no gives
+    // the application its errors at once.
+    if (!w.move_since) w.move_since = now;
+    auto a = ask_peer(b, request(b, Msg::carrier_down, {{"carrier", carrier}, {"down", down_list(b)}}),
+                      static_cast<int>(std::clamp<int64_t>(w.move_since + w.hold - now, 1000, 10000)), &err);
+    if (a && a->value("ok", false)) {
+      w.move_since = 0;
+      w.unreachable_logged = false;
+    } else if (a) {
+      give_up(b, "the peer's shim refused the move: " + a->dump());
+    } else if (mono_ms() - w.move_since >= w.hold) {
+      give_up(b, "the peer's shim cannot be reached within SHUNT_HOLD_MS (" + std::to_string(w.hold) + " ms): " + err);
+    } else {
+      if (!w.unreachable_logged)
+        log::warn("{} QP {}: the peer's shim cannot be reached ({}); holding the work, asking again", b->ctx->device,
+                  b->pqp->qp_num, err);
+      w.unreachable_logged = true;
+      std::lock_guard l(b->lk);
+      if (b->carrier == carrier) b->need_move = true;
+      else w.move_since = 0;  // the peer moved it meanwhile: nothing to ask
+    }
+    return;
+  }
+  // A steering move's old carrier is no failure: the deciding side
+  // renews it with its own half.
+  std::vector<int> failed;
+  for (int i : r.down)
+    if (!r.planned[i]) failed.push_back(i);
+  if (failed != w.reported) {
+    std::string err;
+    auto a = ask_peer(b, request(b, Msg::path_down, {{"down", failed}}), 3000, &err);
+    if (a) w.reported = failed;
+  }
+}
+
+// The deciding side's move of a failed carrier, and of a congested one
+// (steering). false: no path came back within SHUNT_HOLD_MS, and both ends
+// gave up.
+bool move_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
+  if (r.need_move) {
+    if (!w.move_since) w.move_since = now;
+    if (do_move(b)) {
+      w.move_since = 0;
+    } else if (now - w.move_since > w.hold) {
+      std::string why = "no path came back within SHUNT_HOLD_MS (" + std::to_string(w.hold) + " ms)", err;
+      give_up(b, why);
+      // The other end holds its work too: it gives up with this side.
+      ask_peer(b, request(b, Msg::give_up, {{"why", why}}), 3000, &err);
+      return false;
+    }
+  }
+  if (r.steer_to >= 0 && !r.need_move) {
+    do_move(b, r.steer_to, r.steer_why);
+    std::lock_guard l(b->lk);
+    b->chold.moved(mono_ms());
+  }
+  return true;
+}
+
+// The deciding side's renewals: when each failed path is tried again
+// (backoff, damping), and the tries that are due.
+void renew_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
+  const bool port_back = b->renew_now.exchange(false);
+  std::vector<int> due_now;
+  for (int i : r.down) {
+    if (!w.was_down[i]) {  // a new failure: when to try again
+      w.was_down[i] = true;
+      if (r.planned[i]) {  // the old carrier of a steering move: renewed now, nothing counted
+        w.due[i] = now;
+      } else if (r.unproven[i]) {  // the route is still dead: back off further
+        w.due[i] = now + w.backoff[i];
+        w.backoff[i] = std::min<int64_t>(w.backoff[i] * 2, w.cap);
+      } else {  // it had worked: a failure that counts for the damping
+        w.backoff[i] = 100;
+        w.fails[i].push_back(now);
+        while (!w.fails[i].empty() && now - w.fails[i].front() > 60000) w.fails[i].pop_front();
+        w.due[i] = now + (w.fails[i].size() >= 3 ? w.cap : w.backoff[i]);
+      }
+    }
+    if (port_back && w.fails[i].size() < 3) w.due[i] = now;  // the backoff, not the damping, is cut short
+    if (now >= w.due[i]) due_now.push_back(i);
+  }
+  if (r.down.empty() && !r.need_move && now >= w.next_home) {
+    w.next_home = now + kHomeCheckMs;
+    return_home(b);
+  }
+  if (due_now.empty()) return;
+  std::string err;
+  std::vector<int> back = renew_paths(b, due_now, &err, false);
+  for (int i : due_now) {
+    if (std::find(back.begin(), back.end(), i) != back.end()) {
+      w.was_down[i] = false;  // (its backoff is kept until its probe shows the route works)
+    } else {
+      w.backoff[i] = std::min<int64_t>(w.backoff[i] * 2, w.cap);
+      w.due[i] = mono_ms() + w.backoff[i];
+      log::info("{} QP {}: path {} not renewed yet ({}); next try in {} ms", b->ctx->device, b->pqp->qp_num, i, err,
+                w.backoff[i]);
+    }
+  }
+}
+
 // One thread per bundle once a path failed: moves the carrier and renews
 // failed shadows (the deciding side), or reports failures to the deciding
 // side (the other). Renewal retries back off exponentially to
@@ -77,85 +285,23 @@ void run_worker(Bundle* b) {
     }
   } exit{b};
   pthread_setname_np(pthread_self(), "shunt-failover");
-  const bool decides = initiates(b);
-  const int64_t cap = config().num(Param::path_retry_max_ms), hold = config().num(Param::hold_ms);
-  std::vector<int64_t> due(b->paths.size(), 0), backoff(b->paths.size(), 100);
-  std::vector<std::deque<int64_t>> fails(b->paths.size());
-  std::vector<bool> was_down(b->paths.size(), false);
-  int64_t move_since = 0, next_steer = 0, next_probe_sync = 0, next_home = 0;
-  // Whether a path's probes are lost (probe_ask.h).
-  ProbeAsk ask;
-  const std::string shm_name = expand_pattern(config().str(Param::clock_shm), static_cast<int>(getpid()));
-  clocksync::ClockReader counts;  // the agent's clock segment: its count of liveness changes
-  bool counts_open = false;
-  std::vector<int> reported, seen_down;
-  bool unreachable_logged = false;
+  WorkerState w;
+  w.decides = initiates(b);
+  w.cap = config().num(Param::path_retry_max_ms);
+  w.hold = config().num(Param::hold_ms);
+  w.due.assign(b->paths.size(), 0);
+  w.backoff.assign(b->paths.size(), 100);
+  w.fails.resize(b->paths.size());
+  w.was_down.assign(b->paths.size(), false);
+  w.shm_name = expand_pattern(config().str(Param::clock_shm), static_cast<int>(getpid()));
   for (;;) {
-    // Every 50 ms while something is to be done (a path down or on
-    // probation, a move, queue steering); every 200 ms while the bundle is
-    // whole, when it only looks at the agent's count (in-process failures
-    // wake it at once): on one-CPU soft-RoCE guests the 50 ms rounds of
-    // every probed bundle were a cost the job's throughput showed.
-    // Where the per-process watch wakes it when the count moves (pin or
-    // flowlet, without carrier steering), a whole bundle's worker sleeps up
-    // to 2 s: its home check and its registration are what is left to do.
-    int wait_ms = 50;
-    {
-      std::lock_guard l(b->lk);
-      bool whole = !b->need_move && !b->prim.down() && !(b->split && b->steer_queue);
-      for (const auto& p : b->paths) whole &= !p.down() && !p.probation();
-      if (whole) wait_ms = 200;
-      if (whole && counts_open && g_gen_watch_ok.load() && !b->split && !b->carrier_steer) wait_ms = kQuietMs;
-    }
-    {
-      std::unique_lock w(b->wmu);
-      b->wcv.wait_for(w, std::chrono::milliseconds(wait_ms), [&] { return b->wake; });
-      b->wake = false;
-    }
-    // The agent's probes and steering first, outside move_mu: the agent's
-    // answer can take a while and no failover waits for it (steering
-    // touches shares only, under lk).
-    bool probed;
-    {
-      std::lock_guard g(b->mu);
-      if (b->dead) return;
-      probed = b->probed;
-    }
-    const int64_t t = mono_ms();
-    if (probed && t >= next_probe_sync) {
-      next_probe_sync = t + 500;
-      // Renewed shadows: their new ports (nothing to ask while unchanged).
-      if (register_probe_paths(b)) ask.ports_registered();
-    }
-    if (b->split || b->carrier_steer) ask_prim_router(b);
-    const bool steer_due = probed && (b->split || b->carrier_steer) && b->steer_queue && t >= next_steer;
-    int steer_to = -1;
-    json steer_why;
-    bool check_due = false;
-    if (probed) {
-      if (ask.regular(t) && !shm_name.empty() && (!counts_open || counts.replaced(shm_name))) {
-        counts_open = counts.open(shm_name, nullptr);
-        if (counts_open) start_gen_watch(shm_name);
-      }
-      check_due = ask.due(t, counts_open ? std::optional<uint64_t>(counts.paths_gen()) : std::nullopt);
-    }
-    if (steer_due || check_due) {
-      if (steer_due) next_steer = t + config().num(Param::steer_interval_ms);
-      ProbeStats st;
-      if (probe_stats(b, &st)) {
-        if (check_due) fail_silent_paths(b, st);
-        if (steer_due && b->split) steer_tick(b, st);
-        else if (steer_due) steer_to = carrier_steer_tick(b, st, decides, &steer_why);
-      } else if (check_due) {
-        ask.unanswered(t);
-      }
-    }
-    bool need_move, gave_up;
-    std::vector<int> down;
-    std::vector<bool> unproven(b->paths.size(), false);  // renewed, and failed before its probe came back
-    std::vector<bool> planned(b->paths.size(), false);   // stopped by a steering move, not failed
-    // The whole round under move_mu: bundle_on_destroy takes it before it
-    // destroys the shadows, so no round touches a destroyed QP or CQ.
+    sleep_until_due(b, w);
+    Round r;
+    if (!probes_and_steering(b, w, &r)) return;
+    r.unproven.assign(b->paths.size(), false);
+    r.planned.assign(b->paths.size(), false);
+    // The rest of the round under move_mu: bundle_on_destroy takes it before
+    // it destroys the shadows, so no round touches a destroyed QP or CQ.
     std::unique_lock m(b->move_mu);
     {
       std::lock_guard g(b->mu);
@@ -163,132 +309,31 @@ void run_worker(Bundle* b) {
     }
     {
       std::lock_guard l(b->lk);
-      need_move = b->need_move;
-      gave_up = b->gave_up;
+      r.need_move = b->need_move;
+      r.gave_up = b->gave_up;
       for (size_t i = 0; i < b->paths.size(); i++)
         if (b->paths[i].down() && static_cast<int>(i) != b->carrier) {
-          down.push_back(static_cast<int>(i));
-          unproven[i] = bundle::unproven(b->paths[i].life);
-          planned[i] = bundle::planned(b->paths[i].life);
+          r.down.push_back(static_cast<int>(i));
+          r.unproven[i] = unproven(b->paths[i].life);
+          r.planned[i] = planned(b->paths[i].life);
         }
     }
-    if (gave_up) return;
+    if (r.gave_up) return;
     refresh_rkeys(b);
     poll_overdue_probes(b);
-    if (down != seen_down) {  // a new failure: are the others behind the same fault?
+    if (r.down != w.seen_down) {  // a new failure: are the others behind the same fault?
       bool more = false;
-      for (int i : down) more |= std::find(seen_down.begin(), seen_down.end(), i) == seen_down.end();
+      for (int i : r.down) more |= std::find(w.seen_down.begin(), w.seen_down.end(), i) == w.seen_down.end();
       if (more) probe_all(b);
-      seen_down = down;
+      w.seen_down = r.down;
     }
-    int64_t now = mono_ms();
-    if (!decides) {
-      if (b->renew_now.exchange(false)) {  // the deciding side renews: it should not wait out its backoff
-        std::string err;
-        ask_peer(b, request(b, Msg::renew_now), 3000, &err);
-      }
-      if (need_move) {
-        std::string err;
-        int carrier;
-        {
-          std::lock_guard l(b->lk);
-          carrier = b->carrier;
-          b->need_move = false;
-        }
-        // The peer may be out of reach as long as the paths are (its host's
-        // one link dark, say): this side holds its work and asks again each
-        // round, until SHUNT_HOLD_MS from the first ask, as the deciding
-        // side holds for a path to come back. A peer that answers no gives
-        // the application its errors at once.
-        if (!move_since) move_since = now;
-        auto r = ask_peer(b,
-                          request(b, Msg::carrier_down, {{"carrier", carrier}, {"down", down_list(b)}}),
-                          static_cast<int>(std::clamp<int64_t>(move_since + hold - now, 1000, 10000)), &err);
-        if (r && r->value("ok", false)) {
-          move_since = 0;
-          unreachable_logged = false;
-        } else if (r) {
-          give_up(b, "the peer's shim refused the move: " + r->dump());
-        } else if (mono_ms() - move_since >= hold) {
-          give_up(b, "the peer's shim cannot be reached within SHUNT_HOLD_MS (" + std::to_string(hold) +
-                         " ms): " + err);
-        } else {
-          if (!unreachable_logged)
-            log::warn("{} QP {}: the peer's shim cannot be reached ({}); holding the work, asking again", b->ctx->device,
-                      b->pqp->qp_num, err);
-          unreachable_logged = true;
-          std::lock_guard l(b->lk);
-          if (b->carrier == carrier) b->need_move = true;
-          else move_since = 0;  // the peer moved it meanwhile: nothing to ask
-        }
-      } else {
-        // A steering move's old carrier is no failure: the deciding side
-        // renews it with its own half.
-        std::vector<int> failed;
-        for (int i : down)
-          if (!planned[i]) failed.push_back(i);
-        if (failed != reported) {
-          std::string err;
-          auto r = ask_peer(b, request(b, Msg::path_down, {{"down", failed}}), 3000, &err);
-          if (r) reported = failed;
-        }
-      }
+    const int64_t now = mono_ms();
+    if (!w.decides) {
+      report_round(b, w, r, now);
       continue;
     }
-    if (need_move) {
-      if (!move_since) move_since = now;
-      if (do_move(b)) {
-        move_since = 0;
-      } else if (now - move_since > hold) {
-        std::string why = "no path came back within SHUNT_HOLD_MS (" + std::to_string(hold) + " ms)", err;
-        give_up(b, why);
-        // The other end holds its work too: it gives up with this side.
-        ask_peer(b, request(b, Msg::give_up, {{"why", why}}), 3000, &err);
-        return;
-      }
-    }
-    if (steer_to >= 0 && !need_move) {
-      do_move(b, steer_to, steer_why);
-      std::lock_guard l(b->lk);
-      b->chold.moved(mono_ms());
-    }
-    const bool port_back = b->renew_now.exchange(false);
-    std::vector<int> due_now;
-    for (int i : down) {
-      if (!was_down[i]) {  // a new failure: when to try again
-        was_down[i] = true;
-        if (planned[i]) {  // the old carrier of a steering move: renewed now, nothing counted
-          due[i] = now;
-        } else if (unproven[i]) {  // the route is still dead: back off further
-          due[i] = now + backoff[i];
-          backoff[i] = std::min<int64_t>(backoff[i] * 2, cap);
-        } else {  // it had worked: a failure that counts for the damping
-          backoff[i] = 100;
-          fails[i].push_back(now);
-          while (!fails[i].empty() && now - fails[i].front() > 60000) fails[i].pop_front();
-          due[i] = now + (fails[i].size() >= 3 ? cap : backoff[i]);
-        }
-      }
-      if (port_back && fails[i].size() < 3) due[i] = now;  // the backoff, not the damping, is cut short
-      if (now >= due[i]) due_now.push_back(i);
-    }
-    if (down.empty() && !need_move && now >= next_home) {
-      next_home = now + kHomeCheckMs;
-      return_home(b);
-    }
-    if (due_now.empty()) continue;
-    std::string err;
-    std::vector<int> back = renew_paths(b, due_now, &err, false);
-    for (int i : due_now) {
-      if (std::find(back.begin(), back.end(), i) != back.end()) {
-        was_down[i] = false;  // (its backoff is kept until its probe shows the route works)
-      } else {
-        backoff[i] = std::min<int64_t>(backoff[i] * 2, cap);
-        due[i] = mono_ms() + backoff[i];
-        log::info("{} QP {}: path {} not renewed yet ({}); next try in {} ms", b->ctx->device, b->pqp->qp_num, i, err,
-                  backoff[i]);
-      }
-    }
+    if (!move_round(b, w, r, now)) return;
+    renew_round(b, w, r, now);
   }
 }
 
@@ -326,14 +371,6 @@ void wake_worker(Bundle* b) {
     b->worker = false;  // the next wake-up tries again
   }
 }
-
-// Every bundle this process made (they are never freed: `dead` marks the
-// destroyed), for the watch to walk without holding the list's lock.
-std::vector<Bundle*> all_bundles() {
-  std::lock_guard g(g_mu);
-  return g_bundles ? *g_bundles : std::vector<Bundle*>{};
-}
-
 
 // A QP that retries forever (retry count 7: rxe never gives up then, and
 // many applications ask for it) never reports a dead route with an error

@@ -1,6 +1,5 @@
 // Test hooks: hand-built bundles and single steps of the failover for the unit tests and the microbenchmark; linked into those only.
 #include "interpose/verbs/bundle/testing/hooks.h"
-
 #include "interpose/verbs/bundle/parts.h"
 
 #include <unistd.h>

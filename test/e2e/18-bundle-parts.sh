@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The bundle's parts (interpose/verbs/bundle/) stay layers: each file calls
+# only the parts that parts.h lists before it (its one exception is
+# wake_worker, named there), every function parts.h offers has one owner,
+# and no file of the bundle is over 600 lines.
+# timeout: 30
+. "$(dirname "$0")/../lib.sh"
+python3 - "$ROOT/interpose/verbs/bundle" <<'PY' || fail "the bundle's parts call up their layers (above)"
+import os, re, sys
+d = sys.argv[1]
+parts = open(os.path.join(d, "parts.h")).read()
+order, owner, cur = [], {}, None
+for line in parts.split("\n"):
+    m = re.match(r"// ---- (\w+)\.cc$", line)
+    if m:
+        cur = m.group(1)
+        order.append(cur)
+        continue
+    if line.startswith("// ----"):
+        cur = None
+        continue
+    m = re.match(r"^(?:extern )?[\w:<>,\s\*&]+?[\s\*&](\w+)(?:\(|;)", line)
+    if cur and m:
+        if m.group(1) in owner and owner[m.group(1)] != cur:
+            print("two owners:", m.group(1), owner[m.group(1)], cur)
+            sys.exit(1)
+        owner[m.group(1)] = cur
+top = ["lifecycle", "datapath", "api"]  # they offer only bundle.h
+layers = order + top
+files = sorted(f[:-3] for f in os.listdir(d) if f.endswith(".cc") and f != "life.cc")
+missing = [f for f in files if f not in layers]
+if missing:
+    print("not in parts.h's order:", missing)
+    sys.exit(1)
+def code(path):
+    s = open(path).read()
+    s = re.sub(r'"(\\.|[^"\\])*"', '""', s)
+    return re.sub(r"//.*", "", s)
+bad = 0
+for f in files:
+    text = code(os.path.join(d, f + ".cc"))
+    for name, o in owner.items():
+        if o == f or layers.index(o) < layers.index(f) or name == "wake_worker":
+            continue
+        if re.search(r"(?<![\w.>])" + name + r"\s*\(", text):
+            print(f"{f}.cc calls {name} ({o}.cc), a later part")
+            bad += 1
+for root, _, names in os.walk(d):
+    for name in sorted(names):
+        f = os.path.relpath(os.path.join(root, name), d)
+        n = sum(1 for _ in open(os.path.join(d, f)))
+        if n > 600:
+            print(f"{f}: {n} lines (600 at most)")
+            bad += 1
+print(f"{len(files)} parts, {len(owner)} functions offered, layers: {' < '.join(layers)}")
+sys.exit(1 if bad else 0)
+PY
+ok "the bundle's parts call only the layers before them"
