@@ -1,0 +1,361 @@
+// The bundle's failover on a hand-built ibv_context: a failed path's work
+// posted again elsewhere, the carrier's move and its replay, what fails a
+// path (errors, stalls, lost probes, port events) and its renewal.
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "interpose/verbs/bundle.h"
+#include "interpose/verbs/bundle/testing/hooks.h"
+#include "interpose/verbs/probe_ask.h"
+#include "interpose/verbs/registry.h"
+#include "test/unit/bundle_rig.h"
+
+using namespace shunt::verbs;
+using namespace shunt::verbs::bundle_rig;
+
+TEST(Bundle, AFailedShadowsWorkIsPostedAgainOnAnotherAndItsErrorsNeverShow) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1, buf), 0);  // unsignaled
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 2, buf), 0);
+  ASSERT_EQ(g_posted.size(), 2u);
+  uint32_t dead = g_posted[0].qpn;
+  ASSERT_EQ(g_posted[1].qpn, dead);  // one flowlet: the same shadow
+  g_posted.clear();
+  // The path dies: the first WR times out, the second is flushed.
+  g_cq.push_back(error_wc(dead, 1, IBV_WC_RETRY_EXC_ERR));
+  g_cq.push_back(error_wc(dead, 2, IBV_WC_WR_FLUSH_ERR));
+  EXPECT_TRUE(r.poll().empty());
+  // Both went again, in order, on one other shadow.
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_NE(g_posted[0].qpn, dead);
+  EXPECT_EQ(g_posted[0].qpn, g_posted[1].qpn);
+  EXPECT_EQ(g_posted[0].wr_id, 1u);
+  EXPECT_EQ(g_posted[1].wr_id, 2u);
+  EXPECT_FALSE(g_posted[0].flags & IBV_SEND_SIGNALED);
+  EXPECT_TRUE(g_posted[1].flags & IBV_SEND_SIGNALED);
+  // Its completion is the application's, once.
+  complete(g_posted[1].qpn, 2);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  // The dead path is never used again.
+  for (int i = 0; i < 12; i++) {
+    ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 100 + i, buf), 0);
+    complete(g_posted.back().qpn, 100 + i);
+    ASSERT_EQ(r.poll().size(), 1u);
+  }
+  EXPECT_EQ(posted_on(dead), 0u);
+}
+
+// Three SENDs in flight on the application's QP when it fails; the peer
+// consumed the first two. The third is posted again on the new carrier, the
+// second's completion (signaled, never seen) is owed, the errors never show.
+TEST(Bundle, AMovedCarrierReplaysExactlyTheMessagesThePeerDidNotConsume) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 1, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 3, buf), 0);
+  ASSERT_EQ(posted_on(500), 3u);
+  complete(500, 1, IBV_WC_SEND);
+  ASSERT_EQ(r.poll().size(), 1u);
+  g_cq.push_back(error_wc(500, 2, IBV_WC_RETRY_EXC_ERR));
+  g_cq.push_back(error_wc(500, 3, IBV_WC_WR_FLUSH_ERR));
+  // (the fake device has no peer: the move's second half runs by hand)
+  g_posted.clear();
+  ASSERT_TRUE(bundle_move_sends_for_test(r.rec, 1, 2));
+  // Message 3 again on path 1 (QP 502), then a fence whose completion wakes
+  // an application waiting in event mode for the owed one.
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_EQ(g_posted[0].qpn, 502u);
+  EXPECT_EQ(g_posted[0].wr_id, 3u);
+  EXPECT_EQ(g_posted[0].opcode, IBV_WR_RDMA_WRITE_WITH_IMM);
+  EXPECT_EQ(g_posted[1].qpn, 502u);
+  EXPECT_EQ(g_posted[1].bytes, 0u);
+  g_posted.clear();
+  auto wc = r.poll();  // the owed completion of message 2; the errors are gone
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc[0].opcode, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+  EXPECT_EQ(bundle_carrier_for_test(r.rec), 1);
+  // New two-sided work goes to the new carrier too.
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 4, buf), 0);
+  EXPECT_EQ(posted_on(500), 0u);
+  EXPECT_EQ(posted_on(502), 1u);
+}
+
+TEST(Bundle, AMoveRefusesWhenMessagesItCannotReplayWereNotConsumed) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 1, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2, buf), 0);
+  complete(500, 1, IBV_WC_SEND);
+  complete(500, 2, IBV_WC_SEND);
+  ASSERT_EQ(r.poll().size(), 2u);
+  // Both completed here, so shunt kept no copies; a peer that says it
+  // consumed none of them cannot be served exactly once.
+  EXPECT_FALSE(bundle_move_sends_for_test(r.rec, 1, 0));
+}
+
+// A renewed path waits on probation until its probe completes; a rank that
+// sits in its own TCP bootstrap polls nothing, so shunt's failover worker
+// polls the CQ itself once the probe is overdue.
+TEST(Bundle, ProbesCompleteWhileTheApplicationDoesNotPoll) {
+  Rig r;
+  complete(501, 0);  // the device will answer the probe on path 0 (QP 501)
+  bundle_probe_for_test(r.rec, 0);
+  ASSERT_EQ(posted_on(501), 1u);
+  ASSERT_EQ(g_posted.back().bytes, 0u);
+  bool cleared = false;
+  for (int i = 0; i < 200 && !cleared; i++) {
+    usleep(10000);
+    cleared = !bundle_probation_for_test(r.rec, 0);
+  }
+  EXPECT_TRUE(cleared) << "nobody polled the probe's completion";
+  EXPECT_TRUE(r.poll().empty());  // the probe never shows
+}
+
+// A path that retries forever never reports a dead route; the stall watch
+// fails it when nothing completed for the stall time while the port kept
+// retransmitting, and its work goes again on another path.
+TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  uint32_t stuck = g_posted[0].qpn;
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // first look
+  // Quiet for 2.5 s, but the port never retransmitted: a slow peer, no failure.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3500, 2000, -1), 0);
+  EXPECT_TRUE(g_posted.empty());
+  // It retransmitted within the stall: the path failed, the WRITE goes again elsewhere.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);
+  ASSERT_EQ(g_posted.size(), 1u);
+  EXPECT_NE(g_posted[0].qpn, stuck);
+  EXPECT_EQ(g_posted[0].wr_id, 1u);
+  // The stuck path's late completion never shows; the replay's does, once.
+  complete(stuck, 1);
+  complete(g_posted[0].qpn, 1);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  EXPECT_EQ(wc[0].qp_num, 500u);
+}
+
+// Every usable path stalled at once (queues that hold packets for seconds,
+// or a route they all share): failing them would leave nowhere to go, so
+// none fails; once one path completes again, the ones still stuck fail and
+// their work goes there.
+TEST(Bundle, PathsThatAllStallAtOnceAreKeptUntilOneProgresses) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[256 * 1024];
+  // A small WRITE on the application's QP, a split one over the three shadows.
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf, 1024), 0);
+  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, 2, buf, sizeof buf, 0x100000), 0);
+  std::set<uint32_t> used;
+  for (auto& p : g_posted) used.insert(p.qpn);
+  ASSERT_EQ(used.size(), 4u);  // every path carries work
+  std::vector<Posted> first = g_posted;
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 0);  // all four stalled: kept
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5000, 2000, 4900), 0);
+  EXPECT_TRUE(g_posted.empty());
+  EXPECT_EQ(bundle_json(*r.rec)["all_stalled"], 1);  // one such time, however long
+  // One shadow completes its segment: a route works, the other three paths fail.
+  uint32_t good = first.back().qpn;
+  ASSERT_NE(good, 500u);
+  complete(good, 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5500, 2000, 5400), 3);
+  EXPECT_TRUE(r.poll().empty());  // nothing of it reaches the application yet
+}
+
+// A shadow whose own probes got through and are now lost has failed,
+// idle or not: its work goes elsewhere and nothing more is sent into it. A
+// path whose probes never got through yet (just set up, or renewed on a
+// new port) is not judged; nor are the last usable paths all at once.
+TEST(Bundle, AShadowWhoseProbesAreLostFails) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  // Lost before they were ever seen alive: no verdict.
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], false}, {port[1], false}, {port[2], false}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  auto paths = bundle_json(*r.rec)["paths"];
+  EXPECT_TRUE(paths[1]["down"].get<bool>());
+  EXPECT_FALSE(paths[0]["down"].get<bool>());
+  // Work goes to live paths only: the failed shadow gets none.
+  char buf[64];
+  for (uint64_t id = 1; id <= 6; id++) {
+    ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, id, buf), 0);
+    for (auto& p : g_posted) complete(p.qpn, p.wr_id);
+    r.poll();
+    for (auto& p : g_posted) EXPECT_NE(p.qpn, r.sh[1].qp_num);
+    g_posted.clear();
+  }
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[2], true}}), 0);  // unknown ports: no verdict
+}
+
+// A shadow that failed keeps its port until it is renewed, and that port
+// is still probed: once its probes, lost since, get through again, the
+// route is back and the renewal does not wait out its backoff.
+TEST(Bundle, AFailedShadowIsRenewedOnceItsProbesComeBack) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 0);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));  // still lost: the backoff holds
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_TRUE(bundle_renew_now_for_test(r.rec));  // back: renew now, once
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));
+}
+
+// A path renewed while its route is still dead waits on probation, its
+// probes lost; the route comes back, and then the path fails (its probe
+// was stuck): its route is known to work, so it is renewed at once.
+TEST(Bundle, APathRenewedIntoADeadRouteIsRenewedAgainOnceTheRouteIsBack) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  bundle_back_in_service_for_test(r.rec, 1);  // renewed: on probation, its probe in flight
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_FALSE(bundle_renew_now_for_test(r.rec));  // not failed: nothing to renew
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);  // its stuck probe
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_TRUE(bundle_renew_now_for_test(r.rec));
+}
+
+// A renewed path's stall clock starts at its renewal, not when the watch
+// last saw it before it failed: else the port's retransmissions for other
+// paths during the fault fail it as stalled before its probe completes.
+TEST(Bundle, ARenewedPathsStallClockStartsAtItsRenewal) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // the watch's look: all idle
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
+  bundle_back_in_service_for_test(r.rec, 1);  // renewed at about 5 s: its probe in flight
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5100, 2000, 5050), 0);  // 4 s after that look: not stalled
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 6000, 2000, 5900), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 7200, 2000, 7100), 1);  // 2.1 s after it: its probe is stuck
+}
+
+// The application's own QP, its port known (shunt gave it a flow label),
+// is judged by its probes like a shadow: lost, it fails and the two-sided
+// work waits for the move to a shadow; but never with every other path
+// lost at the same time.
+TEST(Bundle, TheApplicationsQpWhoseProbesAreLostFails) {
+  Rig r;
+  const auto j = bundle_json(*r.rec);
+  ASSERT_TRUE(j["primary"]["udp_sport"].is_number());
+  const uint16_t prim = j["primary"]["udp_sport"].get<uint16_t>();
+  std::vector<std::pair<uint16_t, bool>> alive{{prim, true}}, lost{{prim, false}};
+  for (const auto& p : j["paths"]) {
+    ASSERT_NE(p["udp_sport"].get<uint16_t>(), prim);
+    alive.emplace_back(p["udp_sport"].get<uint16_t>(), true);
+    lost.emplace_back(p["udp_sport"].get<uint16_t>(), false);
+  }
+  EXPECT_EQ(bundle_probes_for_test(r.rec, alive), 0);
+  EXPECT_EQ(bundle_probes_for_test(r.rec, lost), 0);  // all at once: nowhere to go, none fails
+  EXPECT_FALSE(bundle_json(*r.rec)["primary_down"].get<bool>());
+  alive[0].second = false;
+  EXPECT_EQ(bundle_probes_for_test(r.rec, alive), 1);
+  EXPECT_TRUE(bundle_json(*r.rec)["primary_down"].get<bool>());
+  char buf[64];
+  g_posted.clear();
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 9, buf), 0);
+  EXPECT_EQ(posted_on(500), 0u);  // held for the move, never posted on the failed QP
+}
+
+// A completion the application has not polled yet is progress: the watch
+// polls before it decides (the rank may be busy elsewhere).
+TEST(Bundle, TheStallWatchPollsBeforeItDecides) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 7, buf), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
+  complete(g_posted[0].qpn, 7);  // done on the device, not yet polled
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3500, 2000, 3400), 0);
+  EXPECT_TRUE(g_posted.empty());
+  auto wc = r.poll();  // kept for the application
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 7u);
+}
+
+// A port's async event fails every path on it at once (no retry timeout,
+// no stall to wait for): nothing more is posted there, and the work waits
+// for a path to come back. Another port's or device's event touches nothing.
+TEST(Bundle, APortEventFailsExactlyThePathsOnThatPort) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, 0, 1, buf), 0);
+  EXPECT_EQ(bundle_port_event_for_test("bundle0", 2, false), 0);
+  EXPECT_EQ(bundle_port_event_for_test("other0", 1, false), 0);
+  g_posted.clear();
+  EXPECT_EQ(bundle_port_event_for_test("bundle0", 1, false), 1);
+  EXPECT_TRUE(g_posted.empty());  // the WRITE waits: no path is left to replay it on
+  ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, 2, buf), 0);
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 3, buf), 0);
+  EXPECT_TRUE(g_posted.empty());
+  EXPECT_EQ(bundle_carrier_for_test(r.rec), -2);  // two-sided work waits for a move
+  // The device's flushes of the failed paths never reach the application.
+  g_cq.push_back(error_wc(500, 9, IBV_WC_WR_FLUSH_ERR));
+  EXPECT_TRUE(r.poll().empty());
+}
+
+// A probed bundle's worker asks the agent about its paths' probes when the
+// engine's count of liveness changes moved, after registering new ports,
+// and every 5 s regardless; every 100 ms where it cannot read the count.
+TEST(BundleProbeAsk, AsksWhenTheCountMovesNotEveryRound) {
+  ProbeAsk a;
+  EXPECT_TRUE(a.due(0, 5u));  // the first look
+  int asked = 0;
+  for (int64_t t = 50; t < 5000; t += 50) asked += a.due(t, 5u);
+  EXPECT_EQ(asked, 0);  // nothing changed: no asking for 5 s
+  EXPECT_TRUE(a.due(5000, 5u));  // every 5 s regardless
+  EXPECT_TRUE(a.due(5050, 6u));  // the count moved
+  EXPECT_FALSE(a.due(5100, 6u));
+  a.ports_registered();
+  EXPECT_TRUE(a.due(5150, 6u));  // new ports: their first verdicts
+  EXPECT_FALSE(a.due(5200, 6u));
+  a.unanswered(5200);
+  EXPECT_TRUE(a.due(5300, 6u));  // no answer: soon again
+  EXPECT_FALSE(a.due(5350, 6u));
+  // Without the count: every 100 ms.
+  ProbeAsk b;
+  asked = 0;
+  for (int64_t t = 0; t < 1000; t += 50) asked += b.due(t, std::nullopt);
+  EXPECT_EQ(asked, 10);
+  // The count readable again after a gap: asked at once.
+  EXPECT_TRUE(b.due(1000, 7u));
+  EXPECT_FALSE(b.due(1050, 7u));
+}
