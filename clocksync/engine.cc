@@ -17,7 +17,7 @@
 
 #include "clocksync/clock_shm.h"
 #include "clocksync/loop.h"
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 namespace shunt::clocksync {
 

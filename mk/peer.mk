@@ -5,7 +5,7 @@
 # logging, the verbs registry) comes uninstrumented from the core archive.
 PEER_FUZZ_BIN  := $(BUILD)/fuzz/peer_session_fuzz
 PEER_FUZZ_SRCS := interpose/peer/wire.cc interpose/peer/session.cc interpose/peer/peer_service.cc \
-                  $(wildcard interpose/verbs/bundle/*.cc) interpose/core/json_text.cc
+                  $(wildcard interpose/verbs/bundle/*.cc) core/json_text.cc
 PEER_FUZZ_OBJS := $(patsubst %.cc,$(BUILD)/fuzz/obj/%.o,$(PEER_FUZZ_SRCS))
 
 .PHONY: fuzz-peer

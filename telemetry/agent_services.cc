@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "clocksync/engine.h"
-#include "interpose/core/json_text.h"
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/json_text.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
 #include "telemetry/diagnose_service.h"

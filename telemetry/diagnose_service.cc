@@ -8,9 +8,9 @@
 #include <string>
 
 #include "clocksync/engine.h"
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"

@@ -12,9 +12,9 @@
 #include <mutex>
 #include <thread>
 
-#include "interpose/core/json_text.h"
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/json_text.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "telemetry/event_ring.h"
 #include "telemetry/identity.h"
 

@@ -4,8 +4,8 @@
 
 #include <cstdlib>
 
-#include "interpose/core/json_text.h"
-#include "interpose/core/runtime.h"
+#include "core/json_text.h"
+#include "core/runtime.h"
 
 namespace shunt::telemetry {
 

@@ -2,9 +2,9 @@
 
 #include <unistd.h>
 
-#include "interpose/core/json_text.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/json_text.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/control.h"
 #include "telemetry/identity.h"
 

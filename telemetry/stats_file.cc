@@ -12,9 +12,9 @@
 #include <set>
 #include <tuple>
 
-#include "interpose/core/json_text.h"
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/json_text.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/socket/fd_table.h"
 #include "interpose/socket/mptcp_info.h"
 #include "interpose/verbs/bundle.h"

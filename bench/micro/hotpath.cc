@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "interpose/core/runtime.h"
+#include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/registry.h"

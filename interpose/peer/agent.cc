@@ -22,10 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include "interpose/core/json_text.h"
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/json_text.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/control.h"
 #include "interpose/peer/control_server.h"
 #include "interpose/verbs/busy.h"

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "clocksync/engine.h"
-#include "interpose/core/log.h"
+#include "core/log.h"
 #include "interpose/peer/agent.h"
 
 namespace shunt::agent {

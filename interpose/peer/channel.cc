@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/control.h"
 #include "telemetry/event_log.h"
 

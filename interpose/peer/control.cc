@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "interpose/core/json_text.h"
-#include "interpose/core/mono.h"
+#include "core/json_text.h"
+#include "core/mono.h"
 
 namespace shunt::peer {
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
+#include "core/log.h"
+#include "core/mono.h"
 #include "interpose/peer/control.h"
 
 namespace shunt::peer {

@@ -3,8 +3,8 @@
 // nobody could be told apart from an attacker.
 #include <unistd.h>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/channel.h"
 #include "interpose/verbs/bundle.h"

@@ -10,10 +10,10 @@
 #include <thread>
 
 #include "clocksync/engine.h"
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/roce_rails.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/roce_rails.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/socket/rail_steering.h"
 #include "interpose/verbs/path_discovery.h"

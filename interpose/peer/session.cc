@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "interpose/core/json_text.h"
+#include "core/json_text.h"
 
 namespace shunt::peer {
 

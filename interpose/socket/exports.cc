@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "interpose/core/runtime.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/socket/fd_table.h"
 #include "interpose/socket/mptcp_upgrade.h"

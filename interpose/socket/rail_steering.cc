@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "clocksync/engine.h"
-#include "interpose/core/log.h"
-#include "interpose/core/roce_rails.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/roce_rails.h"
+#include "core/runtime.h"
 #include "interpose/socket/mptcp_pm.h"
 #include "interpose/socket/mptcp_upgrade.h"
 #include "interpose/socket/subflow_watch.h"

@@ -5,8 +5,8 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/busy.h"
 #include "interpose/verbs/rails.h"

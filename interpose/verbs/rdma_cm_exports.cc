@@ -21,8 +21,8 @@
 #include <mutex>
 #include <set>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/event_log.h"

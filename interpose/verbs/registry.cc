@@ -5,8 +5,8 @@
 #include <mutex>
 #include <vector>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/verbs/table.h"
 

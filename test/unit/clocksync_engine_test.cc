@@ -23,7 +23,7 @@
 
 #include "clocksync/clock_shm.h"
 #include "clocksync/engine.h"
-#include "interpose/core/config.h"
+#include "core/config.h"
 
 namespace shunt::clocksync {
 namespace {

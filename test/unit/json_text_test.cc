@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "interpose/core/json_text.h"
+#include "core/json_text.h"
 #include "telemetry/event_log.h"
 #include "telemetry/metrics.h"
 #include "telemetry/prom.h"

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "interpose/core/json_text.h"
+#include "core/json_text.h"
 #include "interpose/peer/control.h"
 
 namespace shunt::ctl {

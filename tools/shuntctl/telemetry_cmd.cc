@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "interpose/core/json_text.h"
+#include "core/json_text.h"
 #include "interpose/peer/control.h"
 #include "telemetry/metrics.h"
 

@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <fstream>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/control.h"
 #include "interpose/verbs/path_discovery.h"
 

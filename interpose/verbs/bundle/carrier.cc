@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <thread>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 
 namespace shunt::verbs::bundle {
 

@@ -12,9 +12,9 @@
 #include <functional>
 #include <thread>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
 

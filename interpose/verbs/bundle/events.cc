@@ -1,7 +1,7 @@
 // The bundle's events: paths down, up and renewed, carrier moves, every path stalled.
 #include "interpose/verbs/bundle/parts.h"
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 #include "telemetry/event_log.h"
 
 namespace shunt::verbs::bundle {

@@ -4,8 +4,8 @@
 #include <unistd.h>
 #include <thread>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 
 namespace shunt::verbs::bundle {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {

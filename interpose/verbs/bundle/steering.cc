@@ -4,8 +4,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
 #include "interpose/verbs/steer.h"

@@ -1,4 +1,4 @@
-#include "interpose/core/config.h"
+#include "core/config.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,7 +17,7 @@ namespace {
 constexpr ParamSpec kSpecs[] = {
 #define SHUNT_PARAM(id, name, kind, scope, def, min, max, choices, help) \
   {name, ParamKind::kind, ParamScope::scope, def, min, max, choices, help},
-#include "interpose/core/params.def"
+#include "core/params.def"
 #undef SHUNT_PARAM
 };
 static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == kParamCount);

@@ -1,4 +1,4 @@
-#include "interpose/core/roce_rails.h"
+#include "core/roce_rails.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -14,7 +14,7 @@
 #include <set>
 #include <string_view>
 
-#include "interpose/core/mono.h"
+#include "core/mono.h"
 
 namespace shunt {
 

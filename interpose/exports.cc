@@ -1,7 +1,7 @@
 // The library constructor lives here (only in libshunt.so, not in the core
 // archive that tools and unit tests link): resolve and parse config, nothing
 // else; threads, devices and sockets start lazily on first use.
-#include "interpose/core/runtime.h"
+#include "core/runtime.h"
 #include "telemetry/off_report.h"
 #include "telemetry/stats_file.h"
 

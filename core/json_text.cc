@@ -1,4 +1,4 @@
-#include "interpose/core/json_text.h"
+#include "core/json_text.h"
 
 namespace shunt {
 

@@ -28,7 +28,7 @@ struct ParamSpec {
 
 enum class Param : int {
 #define SHUNT_PARAM(id, name, kind, scope, def, min, max, choices, help) id,
-#include "interpose/core/params.def"
+#include "core/params.def"
 #undef SHUNT_PARAM
   count_
 };

@@ -4,7 +4,7 @@
 #include <atomic>
 #include <string>
 
-#include "interpose/core/config.h"
+#include "core/config.h"
 
 namespace shunt {
 

@@ -1,4 +1,4 @@
-#include "interpose/core/runtime.h"
+#include "core/runtime.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 extern char** environ;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "interpose/core/config.h"
+#include "core/config.h"
 
 namespace shunt::log {
 

@@ -1,4 +1,4 @@
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>

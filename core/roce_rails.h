@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "interpose/core/config.h"
+#include "core/config.h"
 
 namespace shunt {
 
