@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "clocksync/engine.h"
+#include "core/event_log.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mono.h"
@@ -26,7 +27,6 @@
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
 #include "telemetry/diagnose_service.h"
-#include "telemetry/event_log.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
 

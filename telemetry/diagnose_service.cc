@@ -8,6 +8,7 @@
 #include <string>
 
 #include "clocksync/engine.h"
+#include "core/event_log.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
@@ -15,7 +16,6 @@
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/diagnose.h"
-#include "telemetry/event_log.h"
 
 namespace shunt::telemetry {
 

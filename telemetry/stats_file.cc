@@ -12,6 +12,8 @@
 #include <set>
 #include <tuple>
 
+#include "core/event_log.h"
+#include "core/identity.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/runtime.h"
@@ -19,8 +21,6 @@
 #include "interpose/socket/mptcp_info.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
-#include "telemetry/event_log.h"
-#include "telemetry/identity.h"
 
 namespace shunt::telemetry {
 

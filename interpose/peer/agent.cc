@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/event_log.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mono.h"
@@ -29,7 +30,6 @@
 #include "interpose/peer/control.h"
 #include "interpose/peer/control_server.h"
 #include "interpose/verbs/busy.h"
-#include "telemetry/event_log.h"
 #include "telemetry/stats_file.h"
 
 namespace shunt::agent {

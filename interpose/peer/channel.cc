@@ -22,11 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/event_log.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/peer/control.h"
-#include "telemetry/event_log.h"
 
 namespace shunt::peer {
 

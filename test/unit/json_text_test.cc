@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/event_log.h"
 #include "core/json_text.h"
-#include "telemetry/event_log.h"
 #include "telemetry/metrics.h"
 #include "telemetry/prom.h"
 #include "telemetry/stats_file.h"

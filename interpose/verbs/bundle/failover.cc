@@ -7,12 +7,12 @@
 #include <thread>
 #include <optional>
 
+#include "core/event_log.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/peer/channel.h"
 #include "interpose/verbs/rails.h"
-#include "telemetry/event_log.h"
 
 namespace shunt::verbs::bundle {
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 
+#include "core/event_log.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
@@ -16,7 +17,6 @@
 #include "interpose/peer/channel.h"
 #include "interpose/peer/control.h"
 #include "interpose/verbs/rails.h"
-#include "telemetry/event_log.h"
 
 namespace shunt::verbs::bundle {
 

@@ -4,12 +4,12 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "core/event_log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/peer/agent.h"
 #include "interpose/peer/control.h"
 #include "interpose/verbs/steer.h"
-#include "telemetry/event_log.h"
 
 namespace shunt::verbs::bundle {
 

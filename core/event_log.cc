@@ -1,4 +1,4 @@
-#include "telemetry/event_log.h"
+#include "core/event_log.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -12,11 +12,11 @@
 #include <mutex>
 #include <thread>
 
+#include "core/event_ring.h"
+#include "core/identity.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/runtime.h"
-#include "telemetry/event_ring.h"
-#include "telemetry/identity.h"
 
 namespace shunt::telemetry {
 

@@ -1,4 +1,4 @@
-#include "telemetry/identity.h"
+#include "core/identity.h"
 
 #include <unistd.h>
 
