@@ -6,7 +6,7 @@
 #include "core/json_text.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/control.h"
+#include "peer/control.h"
 
 namespace shunt::telemetry {
 

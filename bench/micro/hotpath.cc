@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "agent/agent.h"
 #include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
@@ -43,6 +44,7 @@ struct Device {
     // What ibv_open_device/ibv_create_qp do under the preload.
     shunt::g_mode.store(static_cast<int>(mode));
     shunt::verbs::on_open(ctx, "bench0");
+    shunt::agent::ensure_started();
     shunt::verbs::on_create_qp(&qp, false);
   }
   ~Device() {

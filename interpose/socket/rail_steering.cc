@@ -548,10 +548,8 @@ void prepare_limits() {
   });
 }
 
-agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine) {
-  agent::register_command("sockets", [](const json&) { return sockets_json(); });
-  agent::on_report(on_member_report);
-  return {"mptcp-rails", [engine] { start(engine); }, stop};
+RailService rail_service(std::function<clocksync::ProbeEngine*()> engine) {
+  return {[engine] { start(engine); }, stop, sockets_json, on_member_report};
 }
 
 }  // namespace shunt::sock

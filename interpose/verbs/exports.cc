@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 
+#include "agent/agent.h"
 #include "core/log.h"
 #include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
@@ -37,6 +38,7 @@ void patch_opened(ibv_context* ctx) {
   if (!ctx) return;
   ReentryGuard g;
   verbs::on_open(ctx, ctx->device ? ibv_get_device_name(ctx->device) : "?");
+  agent::ensure_started();
 }
 }  // namespace
 

@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "core/json_text.h"
-#include "interpose/peer/control.h"
+#include "peer/control.h"
 
 namespace shunt::ctl {
 

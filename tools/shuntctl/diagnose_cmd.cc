@@ -12,7 +12,7 @@
 
 #include "core/config.h"
 #include "core/json_text.h"
-#include "interpose/peer/channel.h"
+#include "peer/channel.h"
 #include "tools/shuntctl/agent_cmd.h"
 #include "tools/shuntctl/telemetry_cmd.h"
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "core/json_text.h"
-#include "interpose/peer/control.h"
+#include "peer/control.h"
 #include "telemetry/metrics.h"
 
 namespace shunt::ctl {

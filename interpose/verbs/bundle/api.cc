@@ -10,8 +10,8 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/control.h"
 #include "interpose/verbs/path_discovery.h"
+#include "peer/control.h"
 
 namespace shunt::verbs {
 

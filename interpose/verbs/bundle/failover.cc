@@ -11,8 +11,8 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/channel.h"
 #include "interpose/verbs/rails.h"
+#include "peer/channel.h"
 
 namespace shunt::verbs::bundle {
 

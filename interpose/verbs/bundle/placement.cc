@@ -6,9 +6,9 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
 #include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/rails.h"
+#include "peer/agent_socket.h"
 
 namespace shunt::verbs::bundle {
 

@@ -13,10 +13,10 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
-#include "interpose/peer/channel.h"
-#include "interpose/peer/control.h"
 #include "interpose/verbs/rails.h"
+#include "peer/agent_socket.h"
+#include "peer/channel.h"
+#include "peer/control.h"
 
 namespace shunt::verbs::bundle {
 

@@ -7,9 +7,9 @@
 #include "core/event_log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
-#include "interpose/peer/control.h"
 #include "interpose/verbs/steer.h"
+#include "peer/agent_socket.h"
+#include "peer/control.h"
 
 namespace shunt::verbs::bundle {
 

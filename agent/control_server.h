@@ -1,6 +1,6 @@
 // The host agent's side of the control socket: the connections, each a
 // line at a time, with bounds that keep one client from holding up the
-// others (interpose/peer/agent.cc answers the lines).
+// others (agent/agent.cc answers the lines).
 #pragma once
 #include <sys/types.h>
 

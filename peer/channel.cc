@@ -1,4 +1,4 @@
-#include "interpose/peer/channel.h"
+#include "peer/channel.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,7 +26,7 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/control.h"
+#include "peer/control.h"
 
 namespace shunt::peer {
 

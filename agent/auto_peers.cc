@@ -19,9 +19,9 @@
 #include <set>
 #include <string>
 
+#include "agent/agent.h"
 #include "clocksync/engine.h"
 #include "core/log.h"
-#include "interpose/peer/agent.h"
 
 namespace shunt::agent {
 

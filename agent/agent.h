@@ -13,10 +13,10 @@
 namespace shunt::agent {
 
 // Starts this process's agent thread if the mode and SHUNT_AGENT allow it;
-// cheap and idempotent, called from the verbs and socket paths.
+// cheap and idempotent, called from the verbs and socket entry points.
 void ensure_started();
 bool is_host_agent();
-std::string socket_path();  // the control socket in force ("" when none)
+// socket_path(), the control socket in force: peer/agent_socket.h
 
 // A command the host agent serves on its control socket. The handler runs
 // on the agent thread: keep it short; what it throws is the request's

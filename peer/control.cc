@@ -1,4 +1,4 @@
-#include "interpose/peer/control.h"
+#include "peer/control.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "interpose/peer/wire.h"
+#include "peer/wire.h"
 
 namespace shunt::peer {
 

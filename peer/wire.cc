@@ -1,4 +1,4 @@
-#include "interpose/peer/wire.h"
+#include "peer/wire.h"
 
 #include <sodium.h>
 

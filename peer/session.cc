@@ -1,4 +1,4 @@
-#include "interpose/peer/session.h"
+#include "peer/session.h"
 
 #include <sodium.h>
 

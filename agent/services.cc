@@ -9,15 +9,15 @@
 #include <set>
 #include <thread>
 
+#include "agent/agent.h"
+#include "agent/agent_services.h"
 #include "clocksync/engine.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/roce_rails.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
 #include "interpose/socket/rail_steering.h"
 #include "interpose/verbs/path_discovery.h"
-#include "telemetry/agent_services.h"
 
 namespace shunt::agent {
 
@@ -372,6 +372,15 @@ void start_probe_engine() {
             peers.size());
 }
 
+// The sockets service (interpose/socket/rail_steering.h), registered as
+// the agent's: its "sockets" command, its report listener, then itself.
+Service rail_service(std::function<clocksync::ProbeEngine*()> engine) {
+  sock::RailService r = sock::rail_service(std::move(engine));
+  register_command("sockets", [sockets = r.sockets](const json&) { return sockets(); });
+  on_report(r.on_report);
+  return {"mptcp-rails", r.start, r.stop};
+}
+
 json probing_json() {
   return {{"running", g_engine != nullptr},
           {"rails", probing_state().rails},
@@ -393,7 +402,7 @@ void register_builtin_services() {
     register_command("bundle-paths-stats", bundle_paths_stats);
     register_command("probing", guarded(probing_command), Access::control);
     register_auto_peers([] { return g_engine; });
-    register_service(sock::rail_service([] { return g_engine; }));
+    register_service(rail_service([] { return g_engine; }));
     telemetry::register_agent_services([] { return g_engine; });
     register_peer_service();
   });

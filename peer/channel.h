@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "interpose/peer/session.h"
+#include "peer/session.h"
 
 namespace shunt::peer {
 

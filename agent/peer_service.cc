@@ -3,12 +3,12 @@
 // nobody could be told apart from an attacker.
 #include <unistd.h>
 
+#include "agent/agent.h"
+#include "agent/diagnose_service.h"
 #include "core/log.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
-#include "interpose/peer/channel.h"
 #include "interpose/verbs/bundle.h"
-#include "telemetry/diagnose_service.h"
+#include "peer/channel.h"
 
 namespace shunt::agent {
 

@@ -1,4 +1,4 @@
-#include "telemetry/agent_services.h"
+#include "agent/agent_services.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -18,15 +18,16 @@
 #include <thread>
 #include <vector>
 
+#include "agent/agent.h"
+#include "agent/diagnose_service.h"
 #include "clocksync/engine.h"
 #include "core/event_log.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
-#include "interpose/peer/control.h"
-#include "telemetry/diagnose_service.h"
+#include "peer/agent_socket.h"
+#include "peer/control.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
 

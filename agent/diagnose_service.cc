@@ -1,4 +1,4 @@
-#include "telemetry/diagnose_service.h"
+#include "agent/diagnose_service.h"
 
 #include <unistd.h>
 
@@ -7,12 +7,12 @@
 #include <mutex>
 #include <string>
 
+#include "agent/agent.h"
 #include "clocksync/engine.h"
 #include "core/event_log.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/agent.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/diagnose.h"

@@ -1,4 +1,4 @@
-#include "interpose/peer/control_server.h"
+#include "agent/control_server.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 
 #include "core/log.h"
 #include "core/mono.h"
-#include "interpose/peer/control.h"
+#include "peer/control.h"
 
 namespace shunt::peer {
 

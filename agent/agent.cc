@@ -1,4 +1,4 @@
-#include "interpose/peer/agent.h"
+#include "agent/agent.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -22,14 +22,15 @@
 #include <thread>
 #include <vector>
 
+#include "agent/control_server.h"
 #include "core/event_log.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "interpose/peer/control.h"
-#include "interpose/peer/control_server.h"
 #include "interpose/verbs/busy.h"
+#include "peer/agent_socket.h"
+#include "peer/control.h"
 #include "telemetry/stats_file.h"
 
 namespace shunt::agent {
@@ -410,6 +411,7 @@ void ensure_started() {
     s.started.store(true, std::memory_order_release);
     s.dir = peer::run_dir(config().str(Param::run_dir), &refused);
     s.sock_path = s.dir.empty() ? "" : s.dir + "/agent.sock";
+    set_socket_path(s.sock_path);
     s.lock_path = s.dir.empty() ? "" : s.dir + "/agent.lock";
   }
   // Logged with s.mu released: the fork handlers take the log's lock first.
@@ -425,7 +427,6 @@ void ensure_started() {
 bool is_host_agent() { return st().is_agent.load(); }
 std::string control_answer_for_test(const std::string& line, unsigned uid) { return answer(st(), line, uid); }
 void store_report_for_test(const std::string& pid, json report) { stored(st(), pid, std::move(report)); }
-std::string socket_path() { return st().sock_path; }
 
 void register_command(const std::string& name, Handler h, Access access) {
   std::lock_guard lk(st().mu);
