@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
+#include "interpose/stats_sources.h"
 #include "interpose/verbs/busy.h"
 #include "peer/agent_socket.h"
 #include "peer/control.h"
@@ -403,6 +404,11 @@ void ensure_started() {
   // own first report or at exit (test 14, about 1 run in 40 under load).
   (void)telemetry::event_log_path();
   register_builtin_services();
+  // The verbs and socket sections of this process's reports: registered by
+  // the library constructor, and here too (a no-op then) for an agent
+  // started before it ran (by a socket that another library's constructor
+  // opened).
+  register_stats_sources();
   ReentryGuard g;
   std::string refused;
   {

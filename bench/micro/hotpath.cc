@@ -9,6 +9,7 @@
 
 #include "agent/agent.h"
 #include "core/runtime.h"
+#include "interpose/stats_sources.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/registry.h"
@@ -121,6 +122,7 @@ void poll_cq(benchmark::State& st, shunt::Mode mode, bool bypass) {
 // once per SHUNT_REPORT_INTERVAL_MS for the host agent: three bundles (a
 // 4-rank all-to-all's peers) of 16 shadows each (8 per rail, 2 rails).
 void snapshot(benchmark::State& st) {
+  shunt::register_stats_sources();  // as libshunt.so's constructor does
   auto d = std::make_unique<Device>(shunt::Mode::active);
   constexpr int kPeers = 3, kShadows = 16;
   std::vector<ibv_qp> apps(kPeers), shadows(kPeers * kShadows);
