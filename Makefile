@@ -31,7 +31,7 @@ CFLAGS_BASE   := -std=gnu11 $(OPT) $(DBG) $(WARN) -D_GNU_SOURCE $(SAN)
 # Library: every .cc under the library's parts. exports.cc and *_exports.cc files define the
 # interposed entry points and go only into the .so; everything else also goes
 # into a static archive that the unit tests and tools link.
-LIB_DIRS    := interpose/core interpose/verbs interpose/verbs/bundle interpose/socket interpose/peer clocksync telemetry
+LIB_DIRS    := core peer clocksync telemetry interpose interpose/verbs interpose/verbs/bundle interpose/socket agent
 LIB_SRCS    := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cc))
 CORE_SRCS   := $(filter-out %/exports.cc %_exports.cc,$(LIB_SRCS))
 LIB_OBJS    := $(patsubst %.cc,$(BUILD)/obj/%.o,$(LIB_SRCS))

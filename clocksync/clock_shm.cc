@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "interpose/core/seqlock.h"
+#include "core/seqlock.h"
 
 namespace shunt::clocksync {
 

@@ -20,7 +20,7 @@
 #include <mutex>
 #include <random>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 namespace shunt::clocksync {
 

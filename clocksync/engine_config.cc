@@ -2,8 +2,8 @@
 #include <unistd.h>
 
 #include "clocksync/engine.h"
-#include "interpose/core/config.h"
-#include "interpose/core/roce_rails.h"
+#include "core/config.h"
+#include "core/roce_rails.h"
 
 namespace shunt::clocksync {
 

@@ -11,7 +11,7 @@
 #include <ctime>
 #include <limits>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 namespace shunt::clocksync {
 

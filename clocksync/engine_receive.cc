@@ -10,7 +10,7 @@
 #include <functional>
 #include <span>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 namespace shunt::clocksync {
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <string>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 namespace shunt::clocksync {
 

@@ -4,8 +4,8 @@
 # with clang, instrumented; the rest of what the handlers call (config,
 # logging, the verbs registry) comes uninstrumented from the core archive.
 PEER_FUZZ_BIN  := $(BUILD)/fuzz/peer_session_fuzz
-PEER_FUZZ_SRCS := interpose/peer/wire.cc interpose/peer/session.cc interpose/peer/peer_service.cc \
-                  $(wildcard interpose/verbs/bundle/*.cc) interpose/core/json_text.cc
+PEER_FUZZ_SRCS := peer/wire.cc peer/session.cc agent/peer_service.cc \
+                  $(wildcard interpose/verbs/bundle/*.cc) core/json_text.cc
 PEER_FUZZ_OBJS := $(patsubst %.cc,$(BUILD)/fuzz/obj/%.o,$(PEER_FUZZ_SRCS))
 
 .PHONY: fuzz-peer

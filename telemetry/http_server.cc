@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "interpose/core/mono.h"
+#include "core/mono.h"
 
 namespace shunt::telemetry {
 

@@ -4,7 +4,7 @@
 #include <tuple>
 
 #include "clocksync/engine.h"
-#include "interpose/core/runtime.h"
+#include "core/runtime.h"
 #include "telemetry/prom.h"
 
 namespace shunt::telemetry {

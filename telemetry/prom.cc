@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "interpose/core/json_text.h"
+#include "core/json_text.h"
 
 namespace shunt::telemetry {
 

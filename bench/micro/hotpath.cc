@@ -7,7 +7,9 @@
 
 #include <memory>
 
-#include "interpose/core/runtime.h"
+#include "agent/agent.h"
+#include "core/runtime.h"
+#include "interpose/stats_sources.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/registry.h"
@@ -43,6 +45,7 @@ struct Device {
     // What ibv_open_device/ibv_create_qp do under the preload.
     shunt::g_mode.store(static_cast<int>(mode));
     shunt::verbs::on_open(ctx, "bench0");
+    shunt::agent::ensure_started();
     shunt::verbs::on_create_qp(&qp, false);
   }
   ~Device() {
@@ -119,6 +122,7 @@ void poll_cq(benchmark::State& st, shunt::Mode mode, bool bypass) {
 // once per SHUNT_REPORT_INTERVAL_MS for the host agent: three bundles (a
 // 4-rank all-to-all's peers) of 16 shadows each (8 per rail, 2 rails).
 void snapshot(benchmark::State& st) {
+  shunt::register_stats_sources();  // as libshunt.so's constructor does
   auto d = std::make_unique<Device>(shunt::Mode::active);
   constexpr int kPeers = 3, kShadows = 16;
   std::vector<ibv_qp> apps(kPeers), shadows(kPeers * kShadows);

@@ -11,8 +11,8 @@
 
 #include <cstring>
 
-#include "interpose/core/runtime.h"
-#include "interpose/peer/agent.h"
+#include "agent/agent.h"
+#include "core/runtime.h"
 #include "interpose/socket/fd_table.h"
 #include "interpose/socket/mptcp_upgrade.h"
 #include "interpose/socket/rail_steering.h"

@@ -8,8 +8,8 @@
 #include <mutex>
 #include <string>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 
 namespace shunt::sock {
 

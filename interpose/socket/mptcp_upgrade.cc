@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 
 namespace shunt::sock {
 

@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "clocksync/engine.h"
-#include "interpose/core/log.h"
-#include "interpose/core/roce_rails.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/roce_rails.h"
+#include "core/runtime.h"
 #include "interpose/socket/mptcp_pm.h"
 #include "interpose/socket/mptcp_upgrade.h"
 #include "interpose/socket/subflow_watch.h"
@@ -548,10 +548,8 @@ void prepare_limits() {
   });
 }
 
-agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine) {
-  agent::register_command("sockets", [](const json&) { return sockets_json(); });
-  agent::on_report(on_member_report);
-  return {"mptcp-rails", [engine] { start(engine); }, stop};
+RailService rail_service(std::function<clocksync::ProbeEngine*()> engine) {
+  return {[engine] { start(engine); }, stop, sockets_json, on_member_report};
 }
 
 }  // namespace shunt::sock

@@ -5,8 +5,8 @@
 // at once; it restores it, damped, once the rail is healthy again.
 #pragma once
 #include <functional>
-
-#include "interpose/peer/agent.h"
+#include <nlohmann/json.hpp>
+#include <string>
 
 namespace shunt::clocksync {
 class ProbeEngine;
@@ -14,9 +14,17 @@ class ProbeEngine;
 
 namespace shunt::sock {
 
-// `engine` returns the host's probe engine (nullptr when none runs); it is
-// asked once, when the service starts (after the probe engine's).
-agent::Service rail_service(std::function<clocksync::ProbeEngine*()> engine);
+// The service's parts, which the host agent registers (agent/services.cc):
+// its start and stop, the "sockets" command's answer, and what it does
+// with each member's report. `engine` returns the host's probe engine
+// (nullptr when none runs); it is asked once, when the service starts
+// (after the probe engine's).
+struct RailService {
+  std::function<void()> start, stop;
+  std::function<nlohmann::json()> sockets;
+  std::function<void(const std::string& pid, const nlohmann::json& report)> on_report;
+};
+RailService rail_service(std::function<clocksync::ProbeEngine*()> engine);
 
 // Raises this network namespace's MPTCP limits to what the rails need,
 // once per process, before its first MPTCP socket: a connection reads the

@@ -16,8 +16,8 @@
 #include <link.h>
 #include <string.h>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 
 using namespace shunt;
 

@@ -5,8 +5,9 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "agent/agent.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/busy.h"
 #include "interpose/verbs/rails.h"
@@ -37,6 +38,7 @@ void patch_opened(ibv_context* ctx) {
   if (!ctx) return;
   ReentryGuard g;
   verbs::on_open(ctx, ctx->device ? ibv_get_device_name(ctx->device) : "?");
+  agent::ensure_started();
 }
 }  // namespace
 

@@ -12,7 +12,7 @@
 #include <random>
 #include <set>
 
-#include "interpose/core/mono.h"
+#include "core/mono.h"
 
 namespace shunt::verbs {
 

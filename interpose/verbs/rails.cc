@@ -16,8 +16,8 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 
 namespace shunt::verbs {

@@ -21,11 +21,11 @@
 #include <mutex>
 #include <set>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
+#include "core/event_log.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
-#include "telemetry/event_log.h"
 
 using namespace shunt;
 

@@ -5,9 +5,8 @@
 #include <mutex>
 #include <vector>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
-#include "interpose/peer/agent.h"
+#include "core/log.h"
+#include "core/runtime.h"
 #include "interpose/verbs/table.h"
 
 namespace shunt::verbs {
@@ -127,7 +126,6 @@ void unpatch_context(ibv_context* ctx) {
 void on_open(ibv_context* ctx, const char* device) {
   if (!ctx || current_mode() == Mode::off) return;
   if (patch_context(ctx, device)) log::debug("{}: context patched", device);
-  agent::ensure_started();
 }
 
 void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr) {

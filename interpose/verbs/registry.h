@@ -72,6 +72,7 @@ ContextRecord* find_context(const ibv_context* ctx);
 
 // What the exported ibv_open_device/ibv_import_device and ibv_create_qp do
 // after the real call: act according to the mode in force (off: nothing).
+// (After on_open the exported call starts the agent: agent::ensure_started.)
 void on_open(ibv_context* ctx, const char* device);
 void on_create_qp(ibv_qp* qp, bool extended, const ibv_qp_init_attr* attr = nullptr);
 

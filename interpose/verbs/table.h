@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "interpose/core/seqlock.h"
+#include "core/seqlock.h"
 
 namespace shunt {
 

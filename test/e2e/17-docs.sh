@@ -16,7 +16,7 @@ sed -n '/^\.Sh ENVIRONMENT/,/^\.Sh /p' "$B/man/libshunt.7" | awk '$1 == ".It" &&
 diff -u "$TMP/registry" "$TMP/man" || fail "libshunt.7 ENVIRONMENT differs from the registry"
 ok "libshunt.7 lists the $(wc -l < "$TMP/registry") registry variables"
 # Each variable's longer text (params_long.def) reaches the man page.
-python3 - "$ROOT/interpose/core/params_long.def" "$B/man/libshunt.7" <<'PY' || fail "libshunt.7 lacks a variable's longer text from params_long.def"
+python3 - "$ROOT/core/params_long.def" "$B/man/libshunt.7" <<'PY' || fail "libshunt.7 lacks a variable's longer text from params_long.def"
 import re, sys
 texts = re.findall(r'SHUNT_PARAM_LONG\(\w+,\s*"((?:[^"\\]|\\.)*)"\)', open(sys.argv[1]).read())
 man = open(sys.argv[2]).read().replace("\\-", "-").replace("\\e", "\\").replace("\n", " ")

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "interpose/peer/session.h"
 #include "interpose/verbs/bundle.h"
+#include "peer/session.h"
 
 namespace shunt::agent {
 nlohmann::json peer_answer(const nlohmann::json& req);  // peer_service.cc

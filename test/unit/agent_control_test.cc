@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "interpose/peer/agent.h"
-#include "interpose/peer/control.h"
+#include "agent/agent.h"
+#include "peer/control.h"
 
 using nlohmann::json;
 using shunt::agent::control_answer_for_test;

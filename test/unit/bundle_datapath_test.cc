@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "interpose/stats_sources.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/registry.h"
@@ -46,6 +47,7 @@ TEST(Bundle, OneSidedWorkRidesAShadowAndTwoSidedStaysOnTheApplicationsQp) {
 // bytes stay in it, summed per device, NIC and path: the metrics' counters
 // of bundle paths never go backwards when a job destroys a QP.
 TEST(Bundle, ADestroyedQpsBundleKeepsItsBytesInTheReport) {
+  shunt::register_stats_sources();  // as libshunt.so's constructor does
   auto closed_bytes = [] {
     uint64_t n = 0;
     const auto snap = shunt::telemetry::stats_json();

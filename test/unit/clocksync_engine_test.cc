@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "clocksync/engine.h"
-#include "interpose/core/config.h"
+#include "core/config.h"
 #include "test/unit/clocksync_engine_rig.h"
 
 namespace shunt::clocksync {

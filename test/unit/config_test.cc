@@ -1,4 +1,4 @@
-#include "interpose/core/config.h"
+#include "core/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>

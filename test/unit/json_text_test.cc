@@ -5,8 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "interpose/core/json_text.h"
-#include "telemetry/event_log.h"
+#include "core/event_log.h"
+#include "core/json_text.h"
+#include "interpose/stats_sources.h"
 #include "telemetry/metrics.h"
 #include "telemetry/prom.h"
 #include "telemetry/stats_file.h"
@@ -49,6 +50,7 @@ TEST(JsonText, TheProcessSnapshotIsUtf8WhateverTheJobIdsBytes) {
   // the agent's answers are dumps of this snapshot.
   ASSERT_EQ(setenv("SLURM_JOB_ID", "job\xff\xfe", 1), 0);
   ASSERT_EQ(setenv("RANK", "\x80", 1), 0);
+  register_stats_sources();  // as libshunt.so's constructor does
   json s = telemetry::stats_json();
   unsetenv("SLURM_JOB_ID");
   unsetenv("RANK");

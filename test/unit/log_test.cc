@@ -1,4 +1,4 @@
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

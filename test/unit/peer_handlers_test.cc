@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "interpose/peer/session.h"
 #include "interpose/verbs/bundle.h"
+#include "peer/session.h"
 
 namespace shunt::agent {
 nlohmann::json peer_answer(const nlohmann::json& req);  // peer_service.cc

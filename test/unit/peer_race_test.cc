@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "interpose/peer/channel.h"
-#include "interpose/peer/session.h"
+#include "peer/channel.h"
+#include "peer/session.h"
 
 using namespace shunt::peer;
 using nlohmann::json;

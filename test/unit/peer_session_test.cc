@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "interpose/peer/session.h"
+#include "peer/session.h"
 
 using namespace shunt::peer;
 using nlohmann::json;

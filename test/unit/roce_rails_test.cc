@@ -1,6 +1,6 @@
 // The rails a host has when nobody names them: the IPv4 addresses of the
 // netdevs behind its active RoCE ports, read from a fake sysfs tree.
-#include "interpose/core/roce_rails.h"
+#include "core/roce_rails.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

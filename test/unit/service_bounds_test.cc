@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "interpose/peer/channel.h"
 #include "interpose/verbs/path_discovery.h"
+#include "peer/channel.h"
 
 using shunt::peer::pending_to_evict;
 using shunt::verbs::HopCache;

@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "telemetry/event_log.h"
-#include "telemetry/event_ring.h"
+#include "core/event_log.h"
+#include "core/event_ring.h"
 
 namespace shunt::telemetry {
 namespace {

@@ -3,8 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/agent_services.h"
 #include "clocksync/path_view.h"
-#include "telemetry/agent_services.h"
 #include "telemetry/metrics.h"
 #include "telemetry/prom.h"
 

@@ -1,4 +1,4 @@
-// shunt's own threads (interpose/core/threads.h): owned and joined, never
+// shunt's own threads (core/threads.h): owned and joined, never
 // detached; what one throws ends it, not the process.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "interpose/core/threads.h"
+#include "core/threads.h"
 
 namespace shunt {
 namespace {

@@ -11,7 +11,7 @@
 #include <thread>
 #include <tuple>
 
-#include "interpose/peer/channel.h"
+#include "peer/channel.h"
 #include "tools/shunt-audit/facts.h"
 #include "tools/shunt-audit/mesh.h"
 #include "tools/shunt-audit/report.h"

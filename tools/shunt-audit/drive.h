@@ -2,7 +2,7 @@
 // measures the back-end pair by pair, judges, prints the tree, writes the
 // reports and tells every instance the verdict. Returns the exit status.
 #pragma once
-#include "interpose/peer/wire.h"
+#include "peer/wire.h"
 #include "tools/shunt-audit/options.h"
 
 namespace audit {

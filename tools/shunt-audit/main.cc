@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "interpose/peer/channel.h"
+#include "peer/channel.h"
 #include "tools/common/cli_exit.h"
 #include "tools/shunt-audit/drive.h"
 #include "tools/shunt-audit/facts.h"

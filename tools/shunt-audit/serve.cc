@@ -7,8 +7,8 @@
 #include <random>
 #include <thread>
 
-#include "interpose/peer/channel.h"
 #include "interpose/verbs/path_discovery.h"
+#include "peer/channel.h"
 
 namespace audit {
 namespace {

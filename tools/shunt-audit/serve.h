@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "clocksync/engine.h"
-#include "interpose/peer/wire.h"
+#include "peer/wire.h"
 #include "tools/shunt-audit/facts.h"
 #include "tools/shunt-audit/options.h"
 #include "tools/shunt-audit/rc.h"

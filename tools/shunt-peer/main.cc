@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "interpose/peer/channel.h"
+#include "peer/channel.h"
 #include "tools/common/cli_exit.h"
 
 int main(int argc, char** argv) {

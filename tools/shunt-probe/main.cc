@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "clocksync/engine.h"
-#include "interpose/core/config.h"
-#include "interpose/core/log.h"
+#include "core/config.h"
+#include "core/log.h"
 #include "tools/common/cli_exit.h"
 
 using namespace shunt::clocksync;

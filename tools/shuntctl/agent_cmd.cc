@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "interpose/core/json_text.h"
-#include "interpose/peer/control.h"
+#include "core/json_text.h"
+#include "peer/control.h"
 
 namespace shunt::ctl {
 

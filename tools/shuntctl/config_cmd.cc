@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "interpose/core/config.h"
-#include "interpose/core/json_text.h"
+#include "core/config.h"
+#include "core/json_text.h"
 
 extern char** environ;
 
@@ -43,7 +43,7 @@ const char* long_help(Param p) {
   switch (p) {
 #define SHUNT_PARAM_LONG(id, text) \
   case Param::id: return text;
-#include "interpose/core/params_long.def"
+#include "core/params_long.def"
 #undef SHUNT_PARAM_LONG
     default: return "";
   }

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "interpose/core/config.h"
-#include "interpose/core/json_text.h"
-#include "interpose/peer/channel.h"
+#include "core/config.h"
+#include "core/json_text.h"
+#include "peer/channel.h"
 #include "tools/shuntctl/agent_cmd.h"
 #include "tools/shuntctl/telemetry_cmd.h"
 

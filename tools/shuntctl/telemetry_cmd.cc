@@ -15,8 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include "interpose/core/json_text.h"
-#include "interpose/peer/control.h"
+#include "core/json_text.h"
+#include "peer/control.h"
 #include "telemetry/metrics.h"
 
 namespace shunt::ctl {

@@ -8,11 +8,11 @@
 #include <cerrno>
 #include <fstream>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/peer/control.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
+#include "peer/control.h"
 
 namespace shunt::verbs {
 

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/core/threads.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
+#include "core/threads.h"
 
 namespace shunt::verbs::bundle {
 

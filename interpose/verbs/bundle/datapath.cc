@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 
 namespace shunt::verbs {
 

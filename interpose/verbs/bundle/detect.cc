@@ -11,10 +11,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/core/threads.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
+#include "core/threads.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
 

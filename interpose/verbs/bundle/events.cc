@@ -1,8 +1,8 @@
 // The bundle's events: paths down, up and renewed, carrier moves, every path stalled.
 #include "interpose/verbs/bundle/parts.h"
 
-#include "interpose/core/log.h"
-#include "telemetry/event_log.h"
+#include "core/event_log.h"
+#include "core/log.h"
 
 namespace shunt::verbs::bundle {
 

@@ -5,10 +5,10 @@
 
 #include <cstring>
 
-#include "interpose/core/log.h"
-#include "interpose/core/threads.h"
+#include "core/log.h"
+#include "core/threads.h"
 #include "interpose/verbs/rails.h"
-#include "telemetry/event_log.h"
+#include "core/event_log.h"
 
 namespace shunt::verbs::bundle {
 

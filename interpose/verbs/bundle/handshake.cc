@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/rails.h"
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <cstdio>
 
-#include "interpose/core/mono.h"
+#include "core/mono.h"
 
 namespace shunt::verbs::bundle {
 

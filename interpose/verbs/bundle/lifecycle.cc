@@ -3,9 +3,9 @@
 
 #include <unistd.h>
 
-#include "interpose/core/log.h"
-#include "interpose/core/runtime.h"
-#include "interpose/core/threads.h"
+#include "core/log.h"
+#include "core/runtime.h"
+#include "core/threads.h"
 
 namespace shunt::verbs {
 

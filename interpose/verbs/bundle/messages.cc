@@ -11,10 +11,10 @@
 #include <cstring>
 #include <optional>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/peer/channel.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
+#include "peer/channel.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {

@@ -3,12 +3,12 @@
 
 #include <unistd.h>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/peer/agent.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/rails.h"
+#include "peer/agent_socket.h"
 
 namespace shunt::verbs::bundle {
 

@@ -1,8 +1,8 @@
 // Posting: a WR onto a path (keys mirrored for another rail), fences, the held queue, owed completions and SHUNT_SPREAD=auto's periods.
 #include "interpose/verbs/bundle/parts.h"
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
+#include "core/log.h"
+#include "core/mono.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {

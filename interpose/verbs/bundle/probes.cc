@@ -5,9 +5,9 @@
 
 #include <algorithm>
 
-#include "interpose/core/log.h"
-#include "interpose/peer/agent.h"
-#include "interpose/peer/control.h"
+#include "core/log.h"
+#include "peer/agent_socket.h"
+#include "peer/control.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {

@@ -5,8 +5,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
 #include "interpose/verbs/rails.h"
 

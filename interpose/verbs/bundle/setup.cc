@@ -10,12 +10,12 @@
 #include <fstream>
 #include <optional>
 
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/peer/channel.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
+#include "peer/channel.h"
 #include "interpose/verbs/rails.h"
-#include "telemetry/event_log.h"
+#include "core/event_log.h"
 
 namespace shunt::verbs::bundle {
 

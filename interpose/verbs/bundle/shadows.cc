@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "interpose/core/runtime.h"
+#include "core/runtime.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {

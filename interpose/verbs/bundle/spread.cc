@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "interpose/core/log.h"
+#include "core/log.h"
 
 namespace shunt::verbs::bundle {
 

@@ -5,10 +5,10 @@
 
 #include <cmath>
 
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
+#include "core/mono.h"
+#include "core/runtime.h"
 #include "interpose/verbs/steer.h"
-#include "telemetry/event_log.h"
+#include "core/event_log.h"
 
 namespace shunt::verbs::bundle {
 

@@ -10,10 +10,10 @@
 #include <chrono>
 
 #include "clocksync/clock_shm.h"
-#include "interpose/core/log.h"
-#include "interpose/core/mono.h"
-#include "interpose/core/runtime.h"
-#include "interpose/core/threads.h"
+#include "core/log.h"
+#include "core/mono.h"
+#include "core/runtime.h"
+#include "core/threads.h"
 #include "interpose/verbs/probe_ask.h"
 
 namespace shunt::verbs::bundle {
