@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
+#include "core/threads.h"
 #include "interpose/stats_sources.h"
 #include "interpose/verbs/busy.h"
 #include "peer/agent_socket.h"
@@ -427,7 +428,7 @@ void ensure_started() {
     return;
   }
   at_exit(at_exit_hook);
-  std::thread(run).detach();
+  start_thread("host agent", run);
 }
 
 bool is_host_agent() { return st().is_agent.load(); }

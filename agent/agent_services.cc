@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
+#include "core/threads.h"
 #include "peer/agent_socket.h"
 #include "peer/control.h"
 #include "telemetry/http_server.h"
@@ -216,7 +217,9 @@ void start() {
   std::string textfile = expand_pattern(c.str(Param::metrics_textfile), getpid());
   if ((addr.empty() || addr == "off") && textfile.empty()) return;
   g_stop.store(false);
-  std::thread(metrics_loop, addr, textfile, c.num(Param::metrics_interval_ms)).detach();
+  start_thread("metrics", [addr, textfile, every = c.num(Param::metrics_interval_ms)] {
+    metrics_loop(addr, textfile, every);
+  });
 }
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include "core/mono.h"
 #include "core/roce_rails.h"
 #include "core/runtime.h"
+#include "core/threads.h"
 #include "interpose/socket/rail_steering.h"
 #include "interpose/verbs/path_discovery.h"
 
@@ -233,11 +234,12 @@ verbs::HopCache& hop_cache() {
         return verbs::hops_of_ports(l, p, ports, 2, g_hop_wait_ms.load());
       },
       [](std::function<void()> work) {
-        std::thread([w = std::move(work)] {
+        auto round = [work] {
           ReentryGuard guard;  // its sockets are shunt's, not the application's
           pthread_setname_np(pthread_self(), "shunt-hops");
-          w();
-        }).detach();
+          work();
+        };
+        if (!start_thread("path discovery", round)) work();  // no thread: the round runs here
       },
       60'000);
   return *c;

@@ -17,6 +17,7 @@
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/runtime.h"
+#include "core/threads.h"
 
 namespace shunt::telemetry {
 
@@ -258,7 +259,7 @@ void start_writer() {
   l.config_line = to_text(cfg) + "\n";
   g_counts[ev_config].fetch_add(1, std::memory_order_relaxed);
   l.writer_started.store(true, std::memory_order_release);
-  std::thread(writer_loop).detach();
+  start_thread("event log writer", writer_loop);  // without it, the ring keeps the newest events
 }
 }  // namespace
 

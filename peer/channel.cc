@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
+#include "core/threads.h"
 #include "peer/control.h"
 
 namespace shunt::peer {
@@ -366,16 +367,26 @@ std::optional<json> race(const std::vector<std::string>& addrs, int port, const 
     if (r->answer) break;
     for (size_t k = 0; k < addrs.size(); k++) {
       r->left++;
-      std::thread([r, ip = addrs[k], port, job, req, timeout_ms, k] {
-        ReentryGuard guard;
-        std::string e;
-        auto a = call(ip, port, job, req, timeout_ms, &e);
+      auto done = [r, k](std::optional<json> a, const std::string& e) {
         std::lock_guard g(r->mu);
         if (a && !r->answer) r->answer = std::move(a), r->winner = k;
         if (!a) r->err = e;
         r->left--;
         r->cv.notify_all();
-      }).detach();
+      };
+      bool started = start_thread(
+          "peer request",
+          [ip = addrs[k], port, job, req, timeout_ms, done] {
+            ReentryGuard guard;
+            std::string e;
+            auto a = call(ip, port, job, req, timeout_ms, &e);
+            done(std::move(a), e);
+          },
+          [done](const std::string& why) { done(std::nullopt, "its thread stopped: " + why); });
+      if (!started) {  // (r->mu is held here)
+        r->left--;
+        r->err = "no thread for the request";
+      }
     }
   }
   r->cv.wait(l, [&] { return r->answer.has_value() || r->left == 0; });
