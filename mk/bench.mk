@@ -1,5 +1,6 @@
 # shunt-bench: the benchmark harness (tools/shunt-bench) and its scenario
-# script, installed next to the binary so `shunt-bench scenario` finds it.
+# scripts (the scenario, contention and the scenario's report), installed
+# next to the binary so `shunt-bench scenario` finds them.
 
 DEB_PACKAGES += gnuplot-nox libcli11-dev nlohmann-json3-dev
 
@@ -23,8 +24,14 @@ $(BUILD)/bin/shunt-bench-contention: tools/shunt-bench/contention.sh
 	@mkdir -p $(dir $@)
 	install -m 0755 $< $@
 
+all: $(BUILD)/bin/shunt-bench-scenario-report
+$(BUILD)/bin/shunt-bench-scenario-report: tools/shunt-bench/scenario_report.py
+	@mkdir -p $(dir $@)
+	install -m 0755 $< $@
+
 install: bench-install-scenario
 .PHONY: bench-install-scenario
-bench-install-scenario: $(BUILD)/bin/shunt-bench-scenario $(BUILD)/bin/shunt-bench-contention
+bench-install-scenario: $(BUILD)/bin/shunt-bench-scenario $(BUILD)/bin/shunt-bench-contention \
+  $(BUILD)/bin/shunt-bench-scenario-report
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $^ $(DESTDIR)$(PREFIX)/bin/
