@@ -9,7 +9,7 @@ P=$TMP/prefix
 make -s -C "$ROOT" BUILD="$B" PREFIX="$P" install >"$TMP/install.log" 2>&1 || { cat "$TMP/install.log"; fail "make install"; }
 cd "$TMP"
 unset SHUNT_ROOT BUILD SRC_ROOT SHUNT_BENCH
-for t in shunt-run shunt-bench shunt-bench-scenario shunt-fabric shuntctl shunt-probe shunt-peer; do
+for t in shunt-run shunt-bench shunt-bench-scenario shunt-bench-scenario-report shunt-fabric shuntctl shunt-probe shunt-peer; do
   [ -x "$P/bin/$t" ] || fail "$t not installed"
 done
 for t in shunt-run shunt-bench shunt-fabric shuntctl shunt-probe shunt-peer; do
