@@ -51,6 +51,9 @@ VERSION_MAP := $(BUILD)/shunt.map
 TOOL_DIRS   := $(patsubst tools/%/,%,$(dir $(wildcard tools/*/*.cc)))
 TOOL_BINS   := $(addprefix $(BUILD)/bin/,$(sort $(TOOL_DIRS)))
 TOOL_SCRIPTS:= $(addprefix $(BUILD)/bin/,$(notdir $(shell find tools -maxdepth 1 -type f -perm -u+x)))
+# shunt-fabric's package (tools/shunt_fabric/) is copied beside it, to
+# build/bin/shunt_fabric/; installed, it is in PREFIX/share/shunt/tools/.
+FABRIC_PY   := $(patsubst tools/%,$(BUILD)/bin/%,$(wildcard tools/shunt_fabric/*.py))
 TOOL_LIBS_shuntctl :=
 
 # Examples: each examples/*.c is a program; examples/*_lib.c a shared object.
@@ -75,7 +78,7 @@ MAN_STATIC  := $(wildcard man/*.[1-9])
 MAN_GEN     := $(patsubst man/%.in,$(BUILD)/man/%,$(wildcard man/*.in))
 
 .PHONY: demo config-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
-all: $(SHUNT_SO) $(RDMACM_SHIM) $(TOOL_BINS) $(TOOL_SCRIPTS) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
+all: $(SHUNT_SO) $(RDMACM_SHIM) $(TOOL_BINS) $(TOOL_SCRIPTS) $(FABRIC_PY) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
 
 -include mk/*.mk
 
@@ -119,6 +122,10 @@ $(BUILD)/bin/%: $$(subst .cc,.o,$$(addprefix $(BUILD)/obj/,$$(wildcard tools/$$*
 $(TOOL_SCRIPTS): $(BUILD)/bin/%: tools/% VERSION
 	@mkdir -p $(dir $@)
 	sed 's/@SHUNT_VERSION@/$(shell cat VERSION)/g' $< > $@.tmp && chmod 0755 $@.tmp && mv $@.tmp $@
+
+$(FABRIC_PY): $(BUILD)/bin/%: tools/%
+	@mkdir -p $(dir $@)
+	install -m 0644 $< $@
 
 $(BUILD)/man/%: man/%.in $(BUILD)/bin/shuntctl
 	@mkdir -p $(dir $@)
@@ -200,6 +207,8 @@ install: all
 	for b in $(TOOL_BINS) $(TOOL_SCRIPTS); do install -m 0755 $$b $(DESTDIR)$(PREFIX)/bin/; done
 	install -d $(DESTDIR)$(PREFIX)/share/shunt/tools/guest  # shunt-fabric's guest (PREFIX/share/shunt)
 	install -m 0755 tools/guest/* $(DESTDIR)$(PREFIX)/share/shunt/tools/guest/
+	install -d $(DESTDIR)$(PREFIX)/share/shunt/tools/shunt_fabric  # and its package
+	install -m 0644 tools/shunt_fabric/*.py $(DESTDIR)$(PREFIX)/share/shunt/tools/shunt_fabric/
 	for p in $(MAN_STATIC) $(MAN_GEN); do s=$${p##*.}; install -d $(DESTDIR)$(PREFIX)/share/man/man$$s; \
 	  install -m 0644 $$p $(DESTDIR)$(PREFIX)/share/man/man$$s/; done
 

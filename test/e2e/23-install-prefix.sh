@@ -25,15 +25,18 @@ uses=$(grep '^Uses: ' "$TMP/sc")
 [[ $uses != *"$ROOT"* ]] || fail "scenario uses the checkout: $uses"
 "$P/bin/shunt-fabric" --help >"$TMP/fab" 2>&1 || { cat "$TMP/fab"; fail "shunt-fabric --help exited $?"; }
 grep -q 'usage: shunt-fabric' "$TMP/fab" || fail "shunt-fabric usage not printed"
-# Where the installed shunt-fabric looks for the guest's files (it boots
-# guests only as root, so its module-level settings are read instead).
-python3 - "$P/bin/shunt-fabric" "$P" "$ROOT" <<'PY' || fail "shunt-fabric looks outside the prefix for its guest"
+# Where the installed shunt-fabric looks for its package and the guest's
+# files (it boots guests only as root, so the paths it settles on at load
+# are read instead).
+python3 - "$P/bin/shunt-fabric" "$P" "$ROOT" <<'PY' || fail "shunt-fabric looks outside the prefix for its package or guest"
 import runpy, sys
 fab, prefix, checkout = sys.argv[1:]
-g = runpy.run_path(fab, run_name="installed")
-assert g["GUEST_SRC"] == prefix + "/share/shunt/tools/guest", g["GUEST_SRC"]
-assert not g["GUEST_OUT"].startswith(checkout), g["GUEST_OUT"]
-assert g["VERSION"] == open(checkout + "/VERSION").read().strip(), g["VERSION"]
+g = runpy.run_path(fab, run_name="installed")["paths"]
+assert g.__file__.startswith(prefix + "/share/shunt/tools/shunt_fabric/"), g.__file__
+assert g.GUEST_SRC == prefix + "/share/shunt/tools/guest", g.GUEST_SRC
+assert not g.GUEST_OUT.startswith(checkout), g.GUEST_OUT
+assert g.VERSION == open(checkout + "/VERSION").read().strip(), g.VERSION
 PY
 for f in agent init build-guest; do [ -x "$P/share/shunt/tools/guest/$f" ] || fail "guest $f not installed"; done
+[ -f "$P/share/shunt/tools/shunt_fabric/__init__.py" ] || fail "shunt-fabric's package not installed"
 ok "installed tools run from $P alone"
