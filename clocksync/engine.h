@@ -78,10 +78,11 @@ struct EngineConfig {
   // instead, and is dead after N x dead_ns; 0: as source_every. The peer
   // answers each of its pairs once, whatever either cadence.
   int spare_every = 0;
-  // While a peer is silent on every path (nothing from it for rail_every + 1
-  // rounds), its paths die only after this many times their dead time, and
-  // once it is heard again each path has its whole dead time from then to
-  // prove itself; the same after this engine's own thread woke that late. A
+  // While a peer is silent on every path (nothing from it for rail_every
+  // rounds: its next probe is overdue), its paths die only after this many
+  // times their dead time; heard again after rail_every + 1 rounds or more,
+  // each path has its whole dead time from then to prove itself (sooner,
+  // the hold just ends); the same after this engine's own thread woke late. A
   // peer host stalled (a starved guest) or a probe thread not scheduled is
   // no dead route, and there is nowhere to move when every path of the peer
   // is lost at once. A route lost while the peer is heard on others dies on

@@ -158,6 +158,15 @@ using Peer = ProbeEngine::Peer;
 // A peer that sent nothing on any path for this long is silent: its rails
 // go out at least every rail_every rounds.
 inline int64_t silent_gap(const EngineConfig& c) { return (int64_t(rail_every(c)) + 1) * c.interval_ns; }
+// A peer whose next probe is overdue (nothing for rail_every rounds) may be
+// turning silent: a path's dead time held meanwhile ends, if the peer is
+// heard again within the silent gap, at that probe (the deadline re-read
+// then has passed). Judged on the silent gap alone, a path whose last proof
+// was the peer's probe before last (its last probe came before our pair
+// reached it, so named no new one of ours) came due a round after that
+// probe, 150 ms short of a silent gap of 200: the peer stalled and the path
+// died at its plain dead time.
+inline int64_t overdue_gap(const EngineConfig& c) { return int64_t(rail_every(c)) * c.interval_ns; }
 // How a peer's silence stretches its paths' dead times at `now`
 // (EngineConfig::silent_hold): proofs count from `since`, and dead times
 // are `times` as long while the peer is silent on every path.
@@ -169,7 +178,7 @@ inline Hold hold_of(const EngineConfig& c, const Peer& p, int64_t self_resumed, 
   Hold h;
   if (c.silent_hold <= 1) return h;
   h.since = std::max(p.resumed_at, self_resumed);
-  if (p.last_heard && now - p.last_heard > silent_gap(c)) h.times = c.silent_hold;
+  if (p.last_heard && now - p.last_heard > overdue_gap(c)) h.times = c.silent_hold;
   return h;
 }
 inline int every_of(const EngineConfig& c, const SourcePath& sp) { return sp.spare ? spare_every(c) : source_every(c); }

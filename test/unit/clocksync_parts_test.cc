@@ -11,6 +11,7 @@
 
 #include "clocksync/clock_shm.h"
 #include "clocksync/engine.h"
+#include "clocksync/engine_impl.h"
 #include "clocksync/filter.h"
 #include "clocksync/path_view.h"
 #include "clocksync/probe_socket.h"
@@ -212,6 +213,38 @@ TEST(ClocksyncPathView, ProofsCountFromSinceOnlyWhileAlive) {
   EXPECT_FALSE(v.alive());
   EXPECT_EQ(v.dead_at(dead, 450 * ms), INT64_MAX);
   EXPECT_FALSE(v.update_liveness(470 * ms, dead, 460 * ms));  // no proof: stays dead
+  EXPECT_FALSE(v.alive());
+}
+
+// A peer that stops (a starved guest) after a probe that named none of our
+// new pairs (ours had not reached it yet): the path's last proof is the probe
+// before, a round earlier, and its dead time runs out 150 ms after the
+// peer's last probe, short of the silent gap (200 ms). The peer's next probe
+// is overdue by then: the path is held, not declared dead. A peer heard on
+// time (its other paths) holds nothing: a lost route dies on time.
+TEST(ClocksyncHold, APeerWhoseProbeIsOverdueHoldsItsPaths) {
+  const int64_t ms = kMs;
+  EngineConfig c;
+  c.interval_ns = 100 * ms;
+  c.rail_every = 1;
+  c.dead_ns = 250 * ms;
+  c.silent_hold = 4;
+  PathView v = proven_at_10ms();
+  EXPECT_TRUE(v.update_liveness(20 * ms, c.dead_ns));
+  v.on_received(110 * ms, 501);
+  v.on_feedback(110 * ms, 2, 10);  // no pair of ours named since: no proof
+  ProbeEngine::Peer p(EstimatorParams{}, 10'000);
+  p.last_heard = 110 * ms;
+  const int64_t due = v.dead_at(c.dead_ns);
+  EXPECT_EQ(due, 10 * ms + c.dead_ns + 1);
+  detail::Hold h = detail::hold_of(c, p, 0, due);
+  EXPECT_EQ(h.times, 4);
+  EXPECT_FALSE(v.update_liveness(due, c.dead_ns * h.times, h.since));
+  EXPECT_TRUE(v.alive());
+  p.last_heard = due - 50 * ms;  // heard on another path meanwhile
+  h = detail::hold_of(c, p, 0, due);
+  EXPECT_EQ(h.times, 1);
+  EXPECT_TRUE(v.update_liveness(due, c.dead_ns * h.times, h.since));
   EXPECT_FALSE(v.alive());
 }
 
