@@ -188,6 +188,8 @@ bool msg_of(const std::string& name, Msg* m) {
   return false;
 }
 
+json locate_request(const Bundle* b) { return {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}; }
+
 json request(const Bundle* b, Msg m, json fields) {
   fields["cmd"] = msg_name(m);
   fields["gid"] = gid_hex(b->rgid);
@@ -222,8 +224,8 @@ std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err
     }
     size_t k = 0;
     if (!port) {  // the peer's process listener, through its host agent
-      auto r = peer::race(ips, static_cast<int>(config().num(Param::peer_port)), key,
-                          {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, 1000, &k, err);
+      auto r = peer::race(ips, static_cast<int>(config().num(Param::peer_port)), key, locate_request(b), 1000,
+                          &k, err);
       if (r && r->value("port", 0) > 0) {
         port = r->value("port", 0);
         std::lock_guard g(b->mu);

@@ -132,6 +132,9 @@ bool msg_of(const std::string& name, Msg* m);
 // A request about b's QP pair: the message's name, the peer's GID and QPN,
 // and the fields given.
 json request(const Bundle* b, Msg m, json fields = json::object());
+// The question for the peer host's agent: which port the process that owns
+// b's peer QP answers on (before any request above reaches that process).
+json locate_request(const Bundle* b);
 // Asks the peer's shim (its process listener, found through its host agent)
 // until total_ms; never with a bundle lock held.
 std::optional<json> ask_peer(Bundle* b, json req, int total_ms, std::string* err);

@@ -174,8 +174,7 @@ void run_setup(Bundle* b) {
         if (b->dead) return;
       }
       if (!port) {
-        auto r = ask(ip, static_cast<int>(c.num(Param::peer_port)),
-                     {{"cmd", "locate"}, {"gid", gid_hex(b->rgid)}, {"qpn", b->rqpn}}, &err);
+        auto r = ask(ip, static_cast<int>(c.num(Param::peer_port)), locate_request(b), &err);
         if (!r) last = "no shim answers at " + ip + ": " + err;
         else if (r->value("port", 0) > 0) port = r->value("port", 0);
         else last = "the peer's agent: " + r->value("retry", r->value("error", std::string("?")));
