@@ -27,7 +27,7 @@ enum class MoveEvent : uint8_t {
   peer_down,  // the peer says the carrier failed (carrier-down)
   retry,      // to try again: a planned move the peer did not agree to after the carrier
               // stopped, or the peer not reached with carrier-down
-  asked,      // the answering end asked the peer for the move (carrier-down)
+  asked,      // the answering end asks the peer for the move (carrier-down)
   start,      // the carrier stops: to the error state, its completions drained (begin_move)
   done,       // the new carrier takes two-sided work (move_sends)
   give_up,    // nothing can carry the work (give_up)
