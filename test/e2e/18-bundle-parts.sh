@@ -27,7 +27,9 @@ for line in parts.split("\n"):
         owner[m.group(1)] = cur
 top = ["lifecycle", "datapath", "api"]  # they offer only bundle.h
 layers = order + top
-files = sorted(f[:-3] for f in os.listdir(d) if f.endswith(".cc") and f != "life.cc")
+# life.cc and move.cc: pure transition functions, below every part (state.h
+# includes their headers); they call none.
+files = sorted(f[:-3] for f in os.listdir(d) if f.endswith(".cc") and f not in ("life.cc", "move.cc"))
 missing = [f for f in files if f not in layers]
 if missing:
     print("not in parts.h's order:", missing)

@@ -22,8 +22,8 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
   const bool planned = planned_to >= 0;
   {
     std::lock_guard l(b->lk);
-    if (b->gave_up) return true;
-    if (planned && (b->moving || b->need_move || planned_to >= static_cast<int>(b->paths.size()) ||
+    if (b->move == Move::gave_up) return true;
+    if (planned && (b->move != Move::idle || planned_to >= static_cast<int>(b->paths.size()) ||
                     planned_to == b->carrier || !usable(b->paths[planned_to])))
       return true;
   }
@@ -64,7 +64,7 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
               prep ? prep->dump() : err);
     if (planned) {  // the carrier is stopped: it moves as after a failure now
       std::lock_guard l(b->lk);
-      b->need_move = true;
+      b->move = next(b->move, MoveEvent::retry);
     }
     return false;
   }
@@ -184,8 +184,7 @@ json answer_carrier_down(const json& req) {
   {
     std::lock_guard l(b->lk);
     if (req.value("carrier", kNone) != b->carrier) return {{"ok", true}, {"note", "that carrier was moved already"}};
-    b->moving = true;
-    b->need_move = true;
+    b->move = next(b->move, MoveEvent::peer_down);
   }
   wake_worker(b);
   return {{"ok", true}};
@@ -206,7 +205,7 @@ void watch_commit(Bundle* b, uint64_t moves) {
   ReentryGuard guard;
   auto settled = [&] {
     std::lock_guard l(b->lk);
-    return b->moves != moves || b->gave_up;
+    return b->moves != moves || b->move == Move::gave_up;
   };
   for (int i = 0; i < 300; i++) {
     usleep(100 * 1000);

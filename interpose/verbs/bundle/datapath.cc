@@ -19,8 +19,8 @@ bool bundle_active(const Bundle* b) { return b->active.load(std::memory_order_ac
 
 int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::lock_guard l(b->lk);
-  if (!b->active.load(std::memory_order_relaxed) || b->gave_up) {
-    if (b->gave_up || !b->tracking.load(std::memory_order_relaxed)) return c->orig.post_send(qp, wr, bad);
+  if (!b->active.load(std::memory_order_relaxed) || b->move == Move::gave_up) {
+    if (b->move == Move::gave_up || !b->tracking.load(std::memory_order_relaxed)) return c->orig.post_send(qp, wr, bad);
     // Not active yet: on the application's QP, but numbered and kept from
     // the start, so a failover soon after activation can replay them.
     for (ibv_send_wr* w = wr; w; w = w->next)
@@ -54,7 +54,7 @@ int bundle_post_send(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_send_wr* wr, i
 
 int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   std::lock_guard l(b->lk);
-  if (!b->tracking.load(std::memory_order_relaxed) || b->gave_up) return c->orig.post_recv(qp, wr, bad);
+  if (!b->tracking.load(std::memory_order_relaxed) || b->move == Move::gave_up) return c->orig.post_recv(qp, wr, bad);
   size_t before = b->recvs.size();
   for (ibv_recv_wr* w = wr; w; w = w->next) b->recvs.push().take(w);
   if (b->rcarrier == kNone) return 0;  // moving: posted on the new carrier with the rest
@@ -95,10 +95,10 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
       bool known = pi == kPrimary || pi < static_cast<int>(b->paths.size());
       Path* p = known ? &P(b, pi) : nullptr;
       if (wc[i].status != IBV_WC_SUCCESS) {
-        if (p && p->down() && !b->gave_up) {
+        if (p && p->down() && b->move != Move::gave_up) {
           drop = true;  // a failed path's errors are shunt's to handle
           b->swallowed++;
-        } else if (p && b->active.load(std::memory_order_relaxed) && !b->gave_up) {
+        } else if (p && b->active.load(std::memory_order_relaxed) && b->move != Move::gave_up) {
           path_failed(b, pi, wc[i].status, &after);
           drop = true;
           b->swallowed++;
@@ -108,7 +108,7 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
           if (!b->recvs.empty()) b->recvs.pop_front();
           b->consumed++;
         }
-      } else if (p && p->down() && !b->gave_up) {
+      } else if (p && p->down() && b->move != Move::gave_up) {
         // A late success on a path taken out of service without an error
         // (a stall): its WRs are shunt's to replay or to owe, by their copies.
         drop = true;

@@ -63,7 +63,7 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
     std::lock_guard l(b->lk);
-    if (!b->active.load() || b->gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
+    if (!b->active.load() || b->move == Move::gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
   }
   drain(b);
   After a;
@@ -102,7 +102,7 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats) {
     std::lock_guard m(b->mu);
     if (b->dead || !b->active.load()) return 0;
     std::lock_guard l(b->lk);
-    if (b->gave_up) return 0;
+    if (b->move == Move::gave_up) return 0;
     std::vector<int> lost;
     bool others = false;
     // The application's QP is judged like a shadow where its port is known
@@ -172,7 +172,7 @@ int on_port_event(const std::string& device, int port, bool up, bool wake) {
     After a;
     {
       std::lock_guard l(b->lk);
-      if (b->gave_up) continue;
+      if (b->move == Move::gave_up) continue;
       auto hit = [&](const Path& p) { return std::find(on.begin(), on.end(), p.rail) != on.end(); };
       if (hit(b->prim)) path_failed(b, kPrimary, kPortDown, &a);
       for (size_t i = 0; i < b->paths.size(); i++)

@@ -59,12 +59,10 @@ void path_failed(Bundle* b, int pi, int status, After* a, bool counted) {
   p.step(LifeEvent::fail);
   if (counted) p.fails++, b->failovers++;
   a->down.emplace_back(pi, status);
-  if (pi == b->carrier && !b->moving) {
-    b->moving = true;  // two-sided work waits for the peer's agreement
-    b->need_move = true;
-  } else if (pi != b->carrier) {
+  if (pi == b->carrier)
+    b->move = next(b->move, MoveEvent::fail);  // two-sided work waits for the peer's agreement
+  else
     replay_local(b, pi);
-  }
 }
 
 std::vector<int> down_list(Bundle* b) {
@@ -103,7 +101,7 @@ int begin_move(Bundle* b, bool planned) {
   int from;
   {
     std::lock_guard l(b->lk);
-    b->moving = true;
+    b->move = next(b->move, MoveEvent::start);
     from = b->carrier;
     Path& o = P(b, from);
     if (!o.down() && planned) o.step(LifeEvent::stop);
@@ -158,7 +156,8 @@ bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info)
   b->carrier = to;
   // The new carrier may have failed while the two sides agreed on it: then
   // its work waits for the next move.
-  b->moving = b->need_move = P(b, to).down();
+  b->move = next(b->move, MoveEvent::done);
+  if (P(b, to).down()) b->move = next(b->move, MoveEvent::fail);
   b->moves++;
   flush_held(b, b->ctx);
   if (owed) {  // a real completion wakes an application waiting in event mode
@@ -180,9 +179,8 @@ bool move_sends(Bundle* b, int from, int to, uint64_t peer_consumed, json* info)
 void give_up(Bundle* b, const std::string& why) {
   {
     std::lock_guard l(b->lk);
-    if (b->gave_up) return;
-    b->gave_up = true;
-    b->moving = false;
+    if (b->move == Move::gave_up) return;
+    b->move = next(b->move, MoveEvent::give_up);
     auto flush = [&](Path& p) {
       for (size_t i = 0; i < p.infl.size(); i++)
         if (signaled(b, p.infl[i].wr)) owe(b, p.infl[i], IBV_WC_WR_FLUSH_ERR);

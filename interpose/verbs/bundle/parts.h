@@ -2,8 +2,10 @@
 // their layers: a file calls only those listed before it, and one call goes
 // the other way, wake_worker (worker.cc: the parts below wake the failover
 // worker, which starts on its first wake-up). lifecycle.cc, datapath.cc and
-// api.cc, the top, offer only bundle.h. state.h holds the types; test
-// hooks are in testing/. Only these files include it.
+// api.cc, the top, offer only bundle.h. state.h holds the types, with
+// life.h and move.h below it (a path's life and a carrier move: states,
+// events, one pure transition each); test hooks are in testing/. Only
+// these files include it.
 #pragma once
 #include <functional>
 #include <optional>

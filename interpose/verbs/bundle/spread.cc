@@ -70,7 +70,8 @@ constexpr uint64_t kMinSegment = 8192;  // the head has at least this per path
 // split, nothing done. Under b->lk.
 bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   if (!b->split || (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)) return false;
-  if ((w->send_flags & IBV_SEND_INLINE) || w->num_sge < 1 || w->num_sge > kMaxRailSge || b->moving) return false;
+  if ((w->send_flags & IBV_SEND_INLINE) || w->num_sge < 1 || w->num_sge > kMaxRailSge) return false;
+  if (two_sided_waits(b->move)) return false;
   uint64_t len = 0;
   for (int i = 0; i < w->num_sge; i++) len += w->sg_list[i].length;
   if (len < b->split_min || len < kSplitTail + 2 * kMinSegment) return false;
@@ -225,9 +226,9 @@ int fitting_path(Bundle* b, const ibv_send_wr* w) {
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
   int target;
   if (two_sided(w->opcode)) {
-    if (b->moving || P(b, b->carrier).down() || !fits(b, b->carrier, w)) return kWait;
+    if (two_sided_waits(b->move) || P(b, b->carrier).down() || !fits(b, b->carrier, w)) return kWait;
     target = b->carrier;
-  } else if (!b->flowlet && !b->moving && usable(P(b, b->carrier)) && fits(b, b->carrier, w)) {
+  } else if (!b->flowlet && !two_sided_waits(b->move) && usable(P(b, b->carrier)) && fits(b, b->carrier, w)) {
     target = b->carrier;  // pin: with the two-sided work, never fenced
   } else {
     if (b->flowlet && (b->last == kPrimary || drained(P(b, b->last)))) b->cur = next_flowlet_path(b);
@@ -236,7 +237,7 @@ int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w) {
     if (target != kNone && !fits(b, target, w)) target = fitting_path(b, w);
     if (target == kNone) {  // every shadow failed: the carrier takes it all
       b->cur = 0;
-      if (b->moving || P(b, b->carrier).down() || !fits(b, b->carrier, w)) return kWait;
+      if (two_sided_waits(b->move) || P(b, b->carrier).down() || !fits(b, b->carrier, w)) return kWait;
       target = b->carrier;
     }
   }

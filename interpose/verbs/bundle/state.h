@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "interpose/verbs/bundle/life.h"
+#include "interpose/verbs/bundle/move.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
 #include "interpose/verbs/steer.h"
@@ -366,7 +367,7 @@ struct Bundle {
   // since the QP was created, and the application's receives not yet
   // consumed, in order, for a move to another carrier.
   int carrier = bundle::kPrimary;
-  bool moving = false, gave_up = false, need_move = false;
+  bundle::Move move = bundle::Move::idle;  // a move of the carrier: none, needed, under way, given up (move.h)
   uint64_t cseq = 0, consumed = 0;
   bundle::Ring<bundle::RecvCopy> recvs;
   int rcarrier = bundle::kPrimary;  // where receives go; kNone while they move

@@ -120,7 +120,7 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
   int target = -1;
   {
     std::lock_guard l(b->lk);
-    if (b->moving || b->need_move || b->gave_up) return -1;
+    if (b->move != Move::idle) return -1;
     CarrierView c;
     std::vector<CarrierView> others;
     const bool fresh = now - b->peer_view_ms < 3000;

@@ -97,7 +97,7 @@ void sleep_until_due(Bundle* b, const WorkerState& w) {
   int wait_ms = 50;
   {
     std::lock_guard l(b->lk);
-    bool whole = !b->need_move && !b->prim.down() && !(b->split && b->steer_queue);
+    bool whole = b->move != Move::needed && !b->prim.down() && !(b->split && b->steer_queue);
     for (const auto& p : b->paths) whole &= !p.down() && !p.probation();
     if (whole) wait_ms = 200;
     if (whole && w.counts_open && g_gen_watch_ok.load() && !b->split && !b->carrier_steer) wait_ms = kQuietMs;
@@ -160,7 +160,7 @@ void report_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
     {
       std::lock_guard l(b->lk);
       carrier = b->carrier;
-      b->need_move = false;
+      b->move = next(b->move, MoveEvent::asked);
     }
     // The peer may be out of reach as long as the paths are (its host's
     // one link dark, say): this side holds its work and asks again each
@@ -183,7 +183,7 @@ void report_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
                   b->pqp->qp_num, err);
       w.unreachable_logged = true;
       std::lock_guard l(b->lk);
-      if (b->carrier == carrier) b->need_move = true;
+      if (b->carrier == carrier) b->move = next(b->move, MoveEvent::retry);
       else w.move_since = 0;  // the peer moved it meanwhile: nothing to ask
     }
     return;
@@ -309,8 +309,8 @@ void run_worker(Bundle* b) {
     }
     {
       std::lock_guard l(b->lk);
-      r.need_move = b->need_move;
-      r.gave_up = b->gave_up;
+      r.need_move = b->move == Move::needed;
+      r.gave_up = b->move == Move::gave_up;
       for (size_t i = 0; i < b->paths.size(); i++)
         if (b->paths[i].down() && static_cast<int>(i) != b->carrier) {
           r.down.push_back(static_cast<int>(i));

@@ -127,7 +127,7 @@ bool bundle_probation_for_test(QpRecord* r, int path) {
 int bundle_carrier_for_test(QpRecord* r) {
   Bundle* b = r->bundle.load();
   std::lock_guard l(b->lk);
-  return b->moving ? kWait : b->carrier;
+  return two_sided_waits(b->move) ? kWait : b->carrier;
 }
 
 bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed) {
@@ -136,7 +136,7 @@ bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed) {
   {
     std::lock_guard l(b->lk);
     from = b->carrier;
-    b->moving = true;
+    b->move = next(b->move, MoveEvent::start);
     P(b, from).step(LifeEvent::fail);
   }
   json info;
