@@ -51,24 +51,10 @@ int cut_sges(const ibv_sge* in, int n, uint64_t off, uint64_t len, ibv_sge* out)
 constexpr uint64_t kSplitTail = 4096;    // what the application's own WR keeps
 constexpr uint64_t kMinSegment = 8192;  // the head has at least this per path
 
-}  // namespace
-
-// SHUNT_SPREAD=split: w, an RDMA WRITE or WRITE_WITH_IMM of at least
-// SHUNT_SPLIT_MIN_BYTES, goes out as segments on every usable shadow at
-// once: plain WRITEs, shunt's own (signaled, never seen), one split group.
-// Its last kSplitTail bytes, with the application's opcode, immediate,
-// flags and wr_id (the tail), wait in the held queue until every segment
-// of the group has completed, and then go where pin puts them. So the peer
-// sees the message, and the application the WRITE's completion, only after
-// all of its data landed; whatever the application posts after it waits
-// behind the tail as on one QP, except the next split: its segments may go
-// while earlier tails wait (their paths keep each path's order; a WRITE
-// may land before an earlier message is seen, as when pin or flowlet put
-// it on another path), but not when it writes where an earlier group
-// still does. The tail goes into *slot (w's own held copy, at the front)
-// or, null, at the back of the held queue, behind tails only. false: not
-// split, nothing done. Under b->lk.
-bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
+// Whether w may be split, by what needs no path: its opcode and flags, its
+// length (into *len_out), the held queue and the groups still writing.
+// Under b->lk.
+bool may_split(Bundle* b, const ibv_send_wr* w, const Copy* slot, uint64_t* len_out) {
   if (!b->split || (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)) return false;
   if ((w->send_flags & IBV_SEND_INLINE) || w->num_sge < 1 || w->num_sge > kMaxRailSge) return false;
   if (two_sided_waits(b->move)) return false;
@@ -81,32 +67,44 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   const uint64_t ra = w->wr.rdma.remote_addr;
   for (const auto& g : b->groups)
     if (g.rkey == w->wr.rdma.rkey && ra < g.raddr + g.len && g.raddr < ra + len) return false;
-  int on[64];
+  *len_out = len;
+  return true;
+}
+
+// The usable shadows w fits on, into on, rotated to start on the next path;
+// their count, or 0: not split (too few for the length, or auto chose pin).
+// Under b->lk.
+int split_paths(Bundle* b, const ibv_send_wr* w, uint64_t len, int* on) {
   int k = 0;
   for (size_t i = 0; i < b->paths.size() && k < 64; i++)
     if (usable(b->paths[i]) && fits(b, static_cast<int>(i), w)) on[k++] = static_cast<int>(i);
   k = static_cast<int>(std::min<uint64_t>(k, (len - kSplitTail) / kMinSegment));
-  if (k < 2) return false;
+  if (k < 2) return 0;
   if (b->spread_auto) {  // split or pin: chosen once per busy period
     if (!b->period_open) open_period(b);
     if (b->period_mode < 0) b->period_mode = auto_choose(b);
-    if (b->period_mode == 0) return false;
+    if (b->period_mode == 0) return 0;
   }
   // Each split starts on the next path: the device sends the segments in
   // the order they were posted, so the first path's segment is out first
   // and completes first whatever its share. Always from path 0, latency
   // steering took that for a fast path and grew its share to the bound.
   std::rotate(on, on + static_cast<int>(b->group_ids % static_cast<uint64_t>(k)), on + k);
-  // Each path's share of the head follows how long its segments take to
-  // complete against the others' (mostly the queue they wait in): a path
-  // through a busier spine gets less, one through an idle spine more, until
-  // the queues even out; paths behind the same queue keep their shares.
-  // Shares stay within 1/4..4 of their mean, so no path's estimate goes stale.
-  // With SHUNT_STEER=queue the failover worker steers the shares by the
-  // paths' forward queues instead (steer_tick), and they stay where it left
-  // them (equal at first) while the probes know too little: segment
-  // latencies on a loaded host walk the shares as far as the bounds before
-  // any queue is known; SHUNT_STEER=off keeps them equal.
+  return k;
+}
+
+// Sets the k paths' shares for this split; their sum. Under b->lk.
+// Each path's share of the head follows how long its segments take to
+// complete against the others' (mostly the queue they wait in): a path
+// through a busier spine gets less, one through an idle spine more, until
+// the queues even out; paths behind the same queue keep their shares.
+// Shares stay within 1/4..4 of their mean, so no path's estimate goes stale.
+// With SHUNT_STEER=queue the failover worker steers the shares by the
+// paths' forward queues instead (steer_tick), and they stay where it left
+// them (equal at first) while the probes know too little: segment
+// latencies on a loaded host walk the shares as far as the bounds before
+// any queue is known; SHUNT_STEER=off keeps them equal.
+double set_shares(Bundle* b, const int* on, int k) {
   double raw = 0, sum = 0, lsum = 0;
   int ln = 0;
   const bool latency = b->steer && !b->steer_queue;
@@ -123,51 +121,59 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
     Path& p = b->paths[on[j]];
     sum += p.share = std::clamp(p.share * k / raw, 0.25, 4.0);
   }
-  const uint64_t head = len - kSplitTail;
-  // The carrier's own bytes (the tails, whatever is not split) cross its
-  // router as well: the shadows there take that much less of the head,
-  // so that each router carries its paths' shares of all the bundle's
-  // bytes, not of the heads only. A message like this one brings the
-  // carrier its part of the bundle's bytes so far (c: the tails, and
-  // messages too small to split); the routers' shares apply to head + c,
-  // and the carrier's router's shadows give up c between them. Two split
-  // jobs whose application QPs met on one spine had that spine full and
-  // the other at 88% without it (bench/bundles.sh). Where the carrier's
-  // router is not known, shares alone.
-  double want[64];
-  {
-    const Path& cp = P(b, b->carrier);
-    const int crail = b->carrier == kPrimary ? 0 : cp.rail;
-    uint64_t all = b->prim.bytes;
-    for (const auto& p : b->paths) all += p.bytes;
-    // Counted from the first split with this carrier: until the shadows
-    // were up every byte went on the application's QP.
-    if (b->bal_carrier != b->carrier || b->bal_all > all) {
-      b->bal_carrier = b->carrier;
-      b->bal_all = all;
-      b->bal_carrier_bytes = cp.bytes;
-    }
-    const uint64_t cbytes = cp.bytes - std::min(cp.bytes, b->bal_carrier_bytes);
-    all -= b->bal_all;
-    double on_router = 0;
-    auto there = [&](const Path& p) { return !cp.router.empty() && p.router == cp.router && p.rail == crail; };
-    for (int j = 0; j < k; j++)
-      if (there(b->paths[on[j]])) on_router += b->paths[on[j]].share;
-    // (auto: the tail alone; its pinned periods put whole messages on the
-    // carrier, and those are no part of a split's balance)
-    const double c = on_router <= 0 || !all ? 0
-                     : b->spread_auto ? static_cast<double>(len - head)
-                                      : static_cast<double>(len) * static_cast<double>(cbytes) / static_cast<double>(all);
-    for (int j = 0; j < k; j++) {
-      const Path& p = b->paths[on[j]];
-      const double fair = static_cast<double>(head) * p.share / sum;
-      double n = (static_cast<double>(head) + c) * p.share / sum - (there(p) ? c * p.share / on_router : 0);
-      want[j] = std::clamp(n, fair / 4, fair * 4);
-    }
+  return sum;
+}
+
+// The head bytes each of the k paths should take, into want. Under b->lk.
+// The carrier's own bytes (the tails, whatever is not split) cross its
+// router as well: the shadows there take that much less of the head,
+// so that each router carries its paths' shares of all the bundle's
+// bytes, not of the heads only. A message like this one brings the
+// carrier its part of the bundle's bytes so far (c: the tails, and
+// messages too small to split); the routers' shares apply to head + c,
+// and the carrier's router's shadows give up c between them. Two split
+// jobs whose application QPs met on one spine had that spine full and
+// the other at 88% without it (bench/bundles.sh). Where the carrier's
+// router is not known, shares alone.
+void head_wants(Bundle* b, const int* on, int k, uint64_t len, uint64_t head, double sum, double* want) {
+  const Path& cp = P(b, b->carrier);
+  const int crail = b->carrier == kPrimary ? 0 : cp.rail;
+  uint64_t all = b->prim.bytes;
+  for (const auto& p : b->paths) all += p.bytes;
+  // Counted from the first split with this carrier: until the shadows
+  // were up every byte went on the application's QP.
+  if (b->bal_carrier != b->carrier || b->bal_all > all) {
+    b->bal_carrier = b->carrier;
+    b->bal_all = all;
+    b->bal_carrier_bytes = cp.bytes;
   }
+  const uint64_t cbytes = cp.bytes - std::min(cp.bytes, b->bal_carrier_bytes);
+  all -= b->bal_all;
+  double on_router = 0;
+  auto there = [&](const Path& p) { return !cp.router.empty() && p.router == cp.router && p.rail == crail; };
+  for (int j = 0; j < k; j++)
+    if (there(b->paths[on[j]])) on_router += b->paths[on[j]].share;
+  // (auto: the tail alone; its pinned periods put whole messages on the
+  // carrier, and those are no part of a split's balance)
+  const double c = on_router <= 0 || !all ? 0
+                   : b->spread_auto ? static_cast<double>(len - head)
+                                    : static_cast<double>(len) * static_cast<double>(cbytes) / static_cast<double>(all);
+  for (int j = 0; j < k; j++) {
+    const Path& p = b->paths[on[j]];
+    const double fair = static_cast<double>(head) * p.share / sum;
+    double n = (static_cast<double>(head) + c) * p.share / sum - (there(p) ? c * p.share / on_router : 0);
+    want[j] = std::clamp(n, fair / 4, fair * 4);
+  }
+}
+
+// Posts the head's segments on the k paths, as group grp; the bytes posted
+// (0: none, not split). Under b->lk.
+uint64_t post_segments(Bundle* b, ContextRecord* c, const ibv_send_wr* w, const int* on, int k, const double* want,
+                       uint64_t len, uint64_t head, SplitGroup* grp_out) {
+  SplitGroup& grp = *grp_out;
+  const uint64_t ra = w->wr.rdma.remote_addr;
   uint64_t off = 0;
   const int last = b->last;
-  SplitGroup grp;
   grp.id = ++b->group_ids;
   grp.raddr = ra;
   grp.len = len;
@@ -193,7 +199,14 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
     off += n;
   }
   b->last = last;  // the group orders what follows, not the last segment's path
-  if (off == 0) return false;
+  return off;
+}
+
+// The tail: w's bytes from off on, with its opcode, immediate, flags and
+// wr_id, into *slot or the back of the held queue; the group counted and
+// kept. Under b->lk.
+void hold_tail(Bundle* b, const ibv_send_wr* w, Copy* slot, uint64_t off, uint64_t len, SplitGroup* grp_in) {
+  SplitGroup& grp = *grp_in;
   ibv_sge sg[kMaxRailSge];
   ibv_send_wr t = *w;
   t.next = nullptr;
@@ -207,6 +220,39 @@ bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
   b->splits++;
   b->segments += grp.segs.size();
   b->groups.push_back(std::move(grp));
+}
+
+}  // namespace
+
+// SHUNT_SPREAD=split: w, an RDMA WRITE or WRITE_WITH_IMM of at least
+// SHUNT_SPLIT_MIN_BYTES, goes out as segments on every usable shadow at
+// once: plain WRITEs, shunt's own (signaled, never seen), one split group.
+// Its last kSplitTail bytes, with the application's opcode, immediate,
+// flags and wr_id (the tail), wait in the held queue until every segment
+// of the group has completed, and then go where pin puts them. So the peer
+// sees the message, and the application the WRITE's completion, only after
+// all of its data landed; whatever the application posts after it waits
+// behind the tail as on one QP, except the next split: its segments may go
+// while earlier tails wait (their paths keep each path's order; a WRITE
+// may land before an earlier message is seen, as when pin or flowlet put
+// it on another path), but not when it writes where an earlier group
+// still does. The tail goes into *slot (w's own held copy, at the front)
+// or, null, at the back of the held queue, behind tails only. false: not
+// split, nothing done. Under b->lk.
+bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot) {
+  uint64_t len = 0;
+  if (!may_split(b, w, slot, &len)) return false;
+  int on[64];
+  const int k = split_paths(b, w, len, on);
+  if (k < 2) return false;
+  const double sum = set_shares(b, on, k);
+  const uint64_t head = len - kSplitTail;
+  double want[64];
+  head_wants(b, on, k, len, head, sum, want);
+  SplitGroup grp;
+  const uint64_t off = post_segments(b, c, w, on, k, want, len, head, &grp);
+  if (off == 0) return false;
+  hold_tail(b, w, slot, off, len, &grp);
   return true;
 }
 
