@@ -124,6 +124,149 @@ void start_steering(Bundle* b) {
   if (start) wake_worker(b);
 }
 
+namespace {
+
+// How a step of the set-up ended: go on; the bundle died (stop, nothing
+// more to do); or failed (the shadows go, and the bundle stays primary-only).
+enum class Step { go, dead, failed };
+
+// Creates the shadows, on the QP's own NIC and, where wanted, on the
+// others; the set-up then finds their paths. Takes b->mu.
+Step make_shadows(Bundle* b, int n, std::string* err_out) {
+  std::string& err = *err_out;
+  std::lock_guard g(b->mu);
+  if (b->dead) return Step::dead;
+  init_rails(b);
+  for (int i = 0; i < n; i++)
+    if (!create_shadow(b, i, &err)) break;
+  if (b->paths.empty()) return Step::failed;
+  if (static_cast<int>(b->paths.size()) < n)
+    log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
+  if (rails_wanted(b)) {
+    std::string e;
+    for (Rail* r : other_rails(b->ctx->device, b->gid_type)) {
+      int k = add_rail(b, r, &e);
+      for (int i = 0; k > 0 && i < n; i++)
+        if (!create_shadow(b, static_cast<int>(b->paths.size()), &e, k)) break;
+      if (k < 0 || !e.empty())
+        log::info("{} QP {}: shadows on {}: {}", b->ctx->device, b->pqp->qp_num, r->device, e.empty() ? "none" : e);
+      e.clear();
+    }
+  }
+  set_phase(b, Phase::finding_paths);
+  return Step::go;
+}
+
+// What the peer's shim answered the join: its reply (none: it gave none in
+// time, or refused), the port it answers on, and what went wrong last.
+struct JoinAnswer {
+  std::optional<json> reply;
+  int port = 0;
+  std::string last = "no answer";
+  bool refused = false;
+};
+
+// Asks the peer's shim to join (locating it through its host's agent) until
+// the set-up's time is out; false: the bundle died meanwhile. No lock held.
+bool ask_join(Bundle* b, const Config& c, const std::string& ip, std::string* err_out, JoinAnswer* a) {
+  std::string& err = *err_out;
+  std::optional<json>& reply = a->reply;
+  int& port = a->port;
+  std::string& last = a->last;
+  bool& refused = a->refused;
+  int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
+  json join = request(b, Msg::join,
+                      {{"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
+                       {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}});
+  while (mono_ms() < deadline) {
+    {
+      std::lock_guard g(b->mu);
+      if (b->dead) return false;
+    }
+    if (!port) {
+      auto r = ask(ip, static_cast<int>(c.num(Param::peer_port)), locate_request(b), &err);
+      if (!r) last = "no shim answers at " + ip + ": " + err;
+      else if (r->value("port", 0) > 0) port = r->value("port", 0);
+      else last = "the peer's agent: " + r->value("retry", r->value("error", std::string("?")));
+    }
+    if (port) {
+      reply = ask(ip, port, join, &err);
+      if (reply && reply->contains("paths")) break;
+      if (reply && reply->contains("error")) {
+        last = "the peer's shim refused: " + reply->value("error", std::string("?"));
+        refused = true;
+        break;
+      }
+      last = reply ? "the peer's shim: " + reply->value("retry", std::string("?")) : err;
+      if (!reply) port = 0;  // its owner may have gone: locate again
+      reply.reset();
+    }
+    usleep(100 * 1000);
+  }
+  return true;
+}
+
+// Reads the peer's halves and addresses from its reply and connects the
+// shadows to them; false: failed (*err says why). Under b->mu.
+bool join_paths(Bundle* b, const JoinAnswer& a, std::string* err_out) {
+  std::string& err = *err_out;
+  if (a.refused || !a.reply) {
+    err = a.last;
+    return false;
+  }
+  const json* reply = &*a.reply;
+  if (!read_paths(b, *reply, &err)) return false;
+  read_addrs(b, *reply);
+  b->peer_access = reply->value("access", -1);
+  for (auto& p : b->paths)
+    if (!connect_shadow(b, p, &err)) return false;
+  track_shadows(b);
+  b->peer_port = a.port;
+  return true;
+}
+
+// The halves of our paths the peer keeps, in our order. Under b->mu.
+json kept_halves(Bundle* b) {
+  json keep = json::array();
+  for (const auto& p : b->paths) {
+    json x = {{"qpn", p.remote_qpn}};
+    if (p.rail) x["gid"] = gid_hex(b->rails[p.rail].rgid);
+    keep.push_back(x);
+  }
+  return keep;
+}
+
+// Asks the peer to activate with the halves it keeps; where it did not
+// answer yes, aborts it, and goes on if that says it is active already.
+// Called under b->mu, held by g: lets it go across the network and takes
+// it again.
+Step activate_peer(Bundle* b, std::unique_lock<std::mutex>& g, const json& keep, std::string* err_out) {
+  std::string& err = *err_out;
+  g.unlock();  // no bundle lock across the network
+  auto ok = ask_peer(b, request(b, Msg::activate, {{"keep", keep}}), 5000, &err);
+  if (config().num(Param::test_lose_activation) == 1) ok.reset(), err = "its answer lost (SHUNT_TEST_LOSE_ACTIVATION)";
+  g.lock();
+  if (b->dead) return Step::dead;
+  if (!ok || !ok->value("ok", false)) {
+    err = "the peer did not activate: " + (ok ? ok->dump() : err);
+    g.unlock();
+    std::string aerr;
+    auto ab = ask_peer(b, request(b, Msg::abort), 2000, &aerr);
+    g.lock();
+    if (b->dead) return Step::dead;
+    // The peer activated and its answer was lost (a starved host): this
+    // side activates too. Left primary-only beside an active peer, it
+    // would refuse the peer's every move, and the peer would give the
+    // application its errors at the first false failure of its carrier.
+    if (!ab || ab->value("error", "") != kActiveBundle) return Step::failed;
+    log::info("{} QP {}: the peer's answer to the activation was lost; it is active, and so is this side",
+              b->ctx->device, b->pqp->qp_num);
+  }
+  return Step::go;
+}
+
+}  // namespace
+
 void run_setup(Bundle* b) {
   ReentryGuard guard;
   pthread_setname_np(pthread_self(), "shunt-bundle");
@@ -131,28 +274,9 @@ void run_setup(Bundle* b) {
   std::string ip, err;
   if (!gid_v4(b->rgid, &ip)) return fall_back(b, "the peer's GID is not an IPv4-mapped RoCE v2 GID");
   int n = static_cast<int>(c.num(Param::paths_per_rail));
-  {
-    std::lock_guard g(b->mu);
-    if (b->dead) return;
-    init_rails(b);
-    for (int i = 0; i < n; i++)
-      if (!create_shadow(b, i, &err)) break;
-    if (b->paths.empty()) goto failed;
-    if (static_cast<int>(b->paths.size()) < n)
-      log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
-    if (rails_wanted(b)) {
-      std::string e;
-      for (Rail* r : other_rails(b->ctx->device, b->gid_type)) {
-        int k = add_rail(b, r, &e);
-        for (int i = 0; k > 0 && i < n; i++)
-          if (!create_shadow(b, static_cast<int>(b->paths.size()), &e, k)) break;
-        if (k < 0 || !e.empty())
-          log::info("{} QP {}: shadows on {}: {}", b->ctx->device, b->pqp->qp_num, r->device, e.empty() ? "none" : e);
-        e.clear();
-      }
-    }
-    set_phase(b, Phase::finding_paths);
-  }
+  const Step made = make_shadows(b, n, &err);
+  if (made == Step::dead) return;
+  if (made == Step::failed) goto failed;
   spread_over_routers(b);
   {
     std::lock_guard g(b->mu);
@@ -160,79 +284,15 @@ void run_setup(Bundle* b) {
     set_phase(b, Phase::asking_peer);
   }
   {
-    int64_t deadline = mono_ms() + c.num(Param::bundle_setup_ms);
-    json join = request(b, Msg::join,
-                        {{"peer_gid", gid_hex(b->lgid)}, {"peer_qpn", b->pqp->qp_num}, {"paths", paths_json(b)},
-                         {"addrs", local_addrs()}, {"rails", rkeys_json(b)}, {"access", b->access}});
-    std::optional<json> reply;
-    int port = 0;
-    std::string last = "no answer";
-    bool refused = false;
-    while (mono_ms() < deadline) {
-      {
-        std::lock_guard g(b->mu);
-        if (b->dead) return;
-      }
-      if (!port) {
-        auto r = ask(ip, static_cast<int>(c.num(Param::peer_port)), locate_request(b), &err);
-        if (!r) last = "no shim answers at " + ip + ": " + err;
-        else if (r->value("port", 0) > 0) port = r->value("port", 0);
-        else last = "the peer's agent: " + r->value("retry", r->value("error", std::string("?")));
-      }
-      if (port) {
-        reply = ask(ip, port, join, &err);
-        if (reply && reply->contains("paths")) break;
-        if (reply && reply->contains("error")) {
-          last = "the peer's shim refused: " + reply->value("error", std::string("?"));
-          refused = true;
-          break;
-        }
-        last = reply ? "the peer's shim: " + reply->value("retry", std::string("?")) : err;
-        if (!reply) port = 0;  // its owner may have gone: locate again
-        reply.reset();
-      }
-      usleep(100 * 1000);
-    }
+    JoinAnswer a;
+    if (!ask_join(b, c, ip, &err, &a)) return;
     std::unique_lock g(b->mu);
     if (b->dead) return;
-    if (refused || !reply) {
-      err = last;
-      goto failed;
-    }
-    if (!read_paths(b, *reply, &err)) goto failed;
-    read_addrs(b, *reply);
-    b->peer_access = reply->value("access", -1);
-    for (auto& p : b->paths)
-      if (!connect_shadow(b, p, &err)) goto failed;
-    track_shadows(b);
-    b->peer_port = port;
-    // The peer keeps the halves of our paths, in our order.
-    json keep = json::array();
-    for (const auto& p : b->paths) {
-      json x = {{"qpn", p.remote_qpn}};
-      if (p.rail) x["gid"] = gid_hex(b->rails[p.rail].rgid);
-      keep.push_back(x);
-    }
-    g.unlock();  // no bundle lock across the network
-    auto ok = ask_peer(b, request(b, Msg::activate, {{"keep", keep}}), 5000, &err);
-    if (config().num(Param::test_lose_activation) == 1) ok.reset(), err = "its answer lost (SHUNT_TEST_LOSE_ACTIVATION)";
-    g.lock();
-    if (b->dead) return;
-    if (!ok || !ok->value("ok", false)) {
-      err = "the peer did not activate: " + (ok ? ok->dump() : err);
-      g.unlock();
-      std::string aerr;
-      auto ab = ask_peer(b, request(b, Msg::abort), 2000, &aerr);
-      g.lock();
-      if (b->dead) return;
-      // The peer activated and its answer was lost (a starved host): this
-      // side activates too. Left primary-only beside an active peer, it
-      // would refuse the peer's every move, and the peer would give the
-      // application its errors at the first false failure of its carrier.
-      if (!ab || ab->value("error", "") != kActiveBundle) goto failed;
-      log::info("{} QP {}: the peer's answer to the activation was lost; it is active, and so is this side",
-                b->ctx->device, b->pqp->qp_num);
-    }
+    if (!join_paths(b, a, &err)) goto failed;
+    const json keep = kept_halves(b);
+    const Step act = activate_peer(b, g, keep, &err);
+    if (act == Step::dead) return;
+    if (act == Step::failed) goto failed;
     settle_prim_router(b);
     activate(b);
     start_stall_watch();
