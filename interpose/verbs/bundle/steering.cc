@@ -12,6 +12,82 @@
 
 namespace shunt::verbs::bundle {
 
+namespace {
+
+// The forward queue of each (rail, source port) whose probes are alive and
+// know it.
+std::map<std::pair<int, uint32_t>, json> queues_by_port(const ProbeStats& stats) {
+  std::map<std::pair<int, uint32_t>, json> by_port;  // (rail, source port) -> its queue
+  for (const auto& [at, p] : stats)
+    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
+      by_port[at] = p["fwd_queue"];
+  return by_port;
+}
+
+// Notes each path's queue on it, and lists the usable paths for the
+// steering step: into sp, their indices into idx; how many know their
+// queue. Under b->lk.
+int steer_paths(Bundle* b, const std::map<std::pair<int, uint32_t>, json>& by_port, std::vector<SteerPath>* sp,
+                std::vector<int>* idx) {
+  int known = 0;
+  for (size_t i = 0; i < b->paths.size(); i++) {
+    Path& p = b->paths[i];
+    auto it = by_port.find({p.rail, 0xC000 | p.flow_label});
+    p.queue_known = it != by_port.end();
+    if (p.queue_known) {
+      p.excess_ns = it->second.value("excess_ns", 0.0);
+      p.threshold_ns = it->second.value("threshold_ns", 0.0);
+      p.congested = it->second.value("congested", false);
+    }
+    if (!usable(p)) continue;
+    SteerPath s;
+    s.share = p.share;
+    s.known = p.queue_known;
+    s.excess_ns = p.excess_ns;
+    s.threshold_ns = p.threshold_ns;
+    s.congested = p.congested;
+    s.prev_excess_ns = p.prev_excess_ns;
+    known += s.known;
+    sp->push_back(s);
+    idx->push_back(static_cast<int>(i));
+  }
+  return known;
+}
+
+// Takes the step's shares, and marks the paths it moved shares from and to;
+// their source ports into *from and *to. Under b->lk.
+void take_steer(Bundle* b, const std::vector<SteerPath>& sp, const std::vector<int>& idx, const SteerResult& res,
+                std::string* from, std::string* to) {
+  b->steer_steps++;
+  for (size_t j = 0; j < sp.size(); j++) b->paths[idx[j]].share = sp[j].share;
+  auto mark = [&](const std::vector<int>& js, int dir) {
+    std::string ports;
+    for (int j : js) {
+      Path& p = b->paths[idx[j]];
+      if (p.last_move == -dir) b->steer_reversals++;
+      p.last_move = dir;
+      ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+    }
+    return ports;
+  };
+  *from = mark(res.from, -1);
+  *to = mark(res.to, 1);
+}
+
+// Each path as port:share:queue excess in us (-1 unknown), C when congested.
+// Under b->lk.
+std::string steer_text(Bundle* b, const std::vector<SteerPath>& sp, const std::vector<int>& idx) {
+  std::string paths;
+  for (size_t j = 0; j < sp.size(); j++) {
+    const Path& p = b->paths[idx[j]];
+    paths += fmt::format("{}{}:{:.2f}:{:.0f}{}", paths.empty() ? "" : " ", 0xC000 | p.flow_label, p.share,
+                         p.queue_known ? p.excess_ns / 1000 : -1.0, p.congested ? ":C" : "");
+  }
+  return paths;
+}
+
+}  // namespace
+
 // Steering a split bundle (steer.h): from the forward queues the host
 // agent's probes measure on the shadows' source ports, moves shares off
 // the congested paths. From the failover worker, every
@@ -19,10 +95,7 @@ namespace shunt::verbs::bundle {
 // request. A step that moved shares is an event, at most one a second per
 // bundle (with the steps taken since the last one).
 void steer_tick(Bundle* b, const ProbeStats& stats) {
-  std::map<std::pair<int, uint32_t>, json> by_port;  // (rail, source port) -> its queue
-  for (const auto& [at, p] : stats)
-    if (p.value("alive", false) && p.contains("fwd_queue") && p["fwd_queue"].value("ready", false))
-      by_port[at] = p["fwd_queue"];
+  const auto by_port = queues_by_port(stats);
   std::string from, to, paths;
   uint64_t steps = 0;
   uint32_t qpn = 0;
@@ -30,28 +103,7 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
     std::lock_guard l(b->lk);
     std::vector<SteerPath> sp;
     std::vector<int> idx;
-    int known = 0;
-    for (size_t i = 0; i < b->paths.size(); i++) {
-      Path& p = b->paths[i];
-      auto it = by_port.find({p.rail, 0xC000 | p.flow_label});
-      p.queue_known = it != by_port.end();
-      if (p.queue_known) {
-        p.excess_ns = it->second.value("excess_ns", 0.0);
-        p.threshold_ns = it->second.value("threshold_ns", 0.0);
-        p.congested = it->second.value("congested", false);
-      }
-      if (!usable(p)) continue;
-      SteerPath s;
-      s.share = p.share;
-      s.known = p.queue_known;
-      s.excess_ns = p.excess_ns;
-      s.threshold_ns = p.threshold_ns;
-      s.congested = p.congested;
-      s.prev_excess_ns = p.prev_excess_ns;
-      known += s.known;
-      sp.push_back(s);
-      idx.push_back(static_cast<int>(i));
-    }
+    const int known = steer_paths(b, by_port, &sp, &idx);
     b->steer_owd = known >= 2;
     if (!b->steer_owd) return;
     const int64_t t = mono_ns();
@@ -61,29 +113,11 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
     SteerResult res = steer_step(sp, interval, b->rng);
     for (size_t j = 0; j < sp.size(); j++) b->paths[idx[j]].prev_excess_ns = sp[j].prev_excess_ns;
     if (!res.moved) return;
-    b->steer_steps++;
-    for (size_t j = 0; j < sp.size(); j++) b->paths[idx[j]].share = sp[j].share;
-    auto mark = [&](const std::vector<int>& js, int dir) {
-      std::string ports;
-      for (int j : js) {
-        Path& p = b->paths[idx[j]];
-        if (p.last_move == -dir) b->steer_reversals++;
-        p.last_move = dir;
-        ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
-      }
-      return ports;
-    };
-    from = mark(res.from, -1);
-    to = mark(res.to, 1);
+    take_steer(b, sp, idx, res, &from, &to);
     const int64_t now = mono_ms();
     if (now - b->last_steer_event_ms < 1000) return;
     b->last_steer_event_ms = now;
-    // Each path as port:share:queue excess in us (-1 unknown), C when congested.
-    for (size_t j = 0; j < sp.size(); j++) {
-      const Path& p = b->paths[idx[j]];
-      paths += fmt::format("{}{}:{:.2f}:{:.0f}{}", paths.empty() ? "" : " ", 0xC000 | p.flow_label, p.share,
-                           p.queue_known ? p.excess_ns / 1000 : -1.0, p.congested ? ":C" : "");
-    }
+    paths = steer_text(b, sp, idx);
     steps = b->steer_steps;
     qpn = b->pqp->qp_num;
   }
