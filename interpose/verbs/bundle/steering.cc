@@ -129,6 +129,103 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
                              {"paths", paths}});
 }
 
+namespace {
+
+// The probes' word on a source port's forward queue: 1 congested, 0 not,
+// -1 not known.
+int probe_verdict(const ProbeStats& stats, int rail, uint32_t sport) {
+  if (!sport) return -1;
+  auto it = stats.find({rail, sport});
+  if (it == stats.end() || !it->second.value("alive", false) || !it->second.contains("fwd_queue")) return -1;
+  const json& q = it->second["fwd_queue"];
+  if (!q.value("ready", false)) return -1;
+  return q.value("congested", false) ? 1 : 0;
+}
+
+// One figure of a source port's forward queue (0 where not known).
+double probe_queue(const ProbeStats& stats, int rail, uint32_t sport, const char* what) {
+  auto it = stats.find({rail, sport});
+  return it == stats.end() ? 0.0 : it->second.value("fwd_queue", json::object()).value(what, 0.0);
+}
+
+// What a tick knows when it fills each path's view.
+struct ViewAt {
+  int64_t now;
+  bool fresh;           // the peer's view is recent
+  bool decides;         // this end decides: its echo notes the queues
+  std::string crouter;  // our carrier's half's router (discovery's; "" where not known)
+  int crail;
+};
+
+// Path i's view, its queue and the peer's word on it, into v; noted on the
+// path, and what the other side is told into view. Under b->lk.
+void fill_view(Bundle* b, const ProbeStats& stats, const ViewAt& at, CarrierView& v, int i, json& view) {
+  Path& p = P(b, i);
+  const int rail = i == kPrimary ? 0 : p.rail;
+  const uint32_t sport = i == kPrimary ? path_sport(p) : 0xC000 | p.flow_label;
+  v.path = i;
+  v.usable = usable(p);
+  v.own.verdict = v.usable ? probe_verdict(stats, rail, sport) : -1;
+  v.own.excess_ns = probe_queue(stats, rail, sport, "excess_ns");
+  v.own.threshold_ns = probe_queue(stats, rail, sport, "threshold_ns");
+  v.own.same = !at.crouter.empty() && p.router == at.crouter && rail == at.crail;
+  auto it = b->peer_view.find(i);
+  if (at.fresh && it != b->peer_view.end()) v.peer = it->second;
+  if (at.decides) {
+    v.own.recent_ns = b->echo.note(at.now, i, 0, v.own);
+    v.peer.recent_ns = b->echo.note(at.now, i, 1, v.peer);
+  }
+  p.queue_known = v.own.verdict >= 0;  // for the stats and `shuntctl paths`
+  p.congested = v.own.verdict == 1;
+  p.excess_ns = v.own.excess_ns;
+  p.threshold_ns = v.own.threshold_ns;
+  // What the other side is told: [verdict, queue us, threshold us, same router]
+  if (v.usable && v.own.verdict >= 0)
+    view[std::to_string(i)] = json::array({v.own.verdict, std::round(v.own.excess_ns / 1000),
+                                           std::round(v.own.threshold_ns / 1000), v.own.same ? 1 : 0});
+}
+
+// The carrier's view into c, every other path's into others, and what the
+// other side is told into view. Under b->lk.
+void carrier_views(Bundle* b, const ProbeStats& stats, bool decides, int64_t now, CarrierView& c,
+                   std::vector<CarrierView>& others, json& view) {
+  const bool fresh = now - b->peer_view_ms < 3000;
+  // Our carrier's half's router (discovery's; "" where not known).
+  const Path& cp = P(b, b->carrier);
+  const ViewAt at{now, fresh, decides, cp.router, b->carrier == kPrimary ? 0 : cp.rail};
+  if (!b->prim.down()) {
+    CarrierView v;
+    fill_view(b, stats, at, v, kPrimary, view);
+    if (b->carrier == kPrimary) c = v;
+  }
+  for (size_t i = 0; i < b->paths.size(); i++) {
+    CarrierView v;
+    fill_view(b, stats, at, v, static_cast<int>(i), view);
+    if (static_cast<int>(i) == b->carrier) c = v;
+    else others.push_back(v);
+  }
+}
+
+// The deciding end's choice: the path to move the carrier to once the hold
+// has passed, with the queues that made it in *why; else -1. Under b->lk.
+int carrier_decide(Bundle* b, const CarrierView& c, const std::vector<CarrierView>& others, int64_t now, json* why) {
+  const int target = b->chold.tick(now, carrier_target(c, others, b->rng), b->rng);
+  if (target >= 0) {
+    auto q = [&](const CarrierView& v) {
+      return json{{"path", v.path}, {"queue_us", v.own.excess_ns / 1000}, {"own", carrier_congested(v.own) ? 1 : v.own.verdict},
+                  {"peer", carrier_congested(v.peer) ? 1 : v.peer.verdict}, {"peer_queue_us", v.peer.excess_ns / 1000},
+                  {"recent_us", v.own.recent_ns / 1000}};
+    };
+    json o = json::array();
+    for (const auto& v : others)
+      if (v.path == target) o = q(v);
+    *why = {{"carrier", q(c)}, {"to", o}, {"hold_window_ms", b->chold.window_ms()}};
+  }
+  return target;
+}
+
+}  // namespace
+
 // Steering a pinned bundle (steer.h): every SHUNT_STEER_INTERVAL_MS, each
 // end reads its halves' forward queues (its host agent's probes of their
 // source ports, the application QP's included). The other side tells the
@@ -137,83 +234,16 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
 // queues that made it in *why. Never under the data path's lock across a
 // request.
 int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* why) {
-  auto verdict = [&](int rail, uint32_t sport) {
-    if (!sport) return -1;
-    auto it = stats.find({rail, sport});
-    if (it == stats.end() || !it->second.value("alive", false) || !it->second.contains("fwd_queue")) return -1;
-    const json& q = it->second["fwd_queue"];
-    if (!q.value("ready", false)) return -1;
-    return q.value("congested", false) ? 1 : 0;
-  };
-  auto queue = [&](int rail, uint32_t sport, const char* what) {
-    auto it = stats.find({rail, sport});
-    return it == stats.end() ? 0.0 : it->second.value("fwd_queue", json::object()).value(what, 0.0);
-  };
   const int64_t now = mono_ms();
   json view = json::object();
-  int target = -1;
   {
     std::lock_guard l(b->lk);
     if (b->move != Move::idle) return -1;
     CarrierView c;
     std::vector<CarrierView> others;
-    const bool fresh = now - b->peer_view_ms < 3000;
-    // Our carrier's half's router (discovery's; "" where not known).
-    const Path& cp = P(b, b->carrier);
-    const std::string crouter = cp.router;
-    const int crail = b->carrier == kPrimary ? 0 : cp.rail;
-    auto fill = [&](CarrierView& v, int i) {
-      Path& p = P(b, i);
-      const int rail = i == kPrimary ? 0 : p.rail;
-      const uint32_t sport = i == kPrimary ? path_sport(p) : 0xC000 | p.flow_label;
-      v.path = i;
-      v.usable = usable(p);
-      v.own.verdict = v.usable ? verdict(rail, sport) : -1;
-      v.own.excess_ns = queue(rail, sport, "excess_ns");
-      v.own.threshold_ns = queue(rail, sport, "threshold_ns");
-      v.own.same = !crouter.empty() && p.router == crouter && rail == crail;
-      auto it = b->peer_view.find(i);
-      if (fresh && it != b->peer_view.end()) v.peer = it->second;
-      if (decides) {
-        v.own.recent_ns = b->echo.note(now, i, 0, v.own);
-        v.peer.recent_ns = b->echo.note(now, i, 1, v.peer);
-      }
-      p.queue_known = v.own.verdict >= 0;  // for the stats and `shuntctl paths`
-      p.congested = v.own.verdict == 1;
-      p.excess_ns = v.own.excess_ns;
-      p.threshold_ns = v.own.threshold_ns;
-      // What the other side is told: [verdict, queue us, threshold us, same router]
-      if (v.usable && v.own.verdict >= 0)
-        view[std::to_string(i)] = json::array({v.own.verdict, std::round(v.own.excess_ns / 1000),
-                                               std::round(v.own.threshold_ns / 1000), v.own.same ? 1 : 0});
-    };
-    if (!b->prim.down()) {
-      CarrierView v;
-      fill(v, kPrimary);
-      if (b->carrier == kPrimary) c = v;
-    }
-    for (size_t i = 0; i < b->paths.size(); i++) {
-      CarrierView v;
-      fill(v, static_cast<int>(i));
-      if (static_cast<int>(i) == b->carrier) c = v;
-      else others.push_back(v);
-    }
+    carrier_views(b, stats, decides, now, c, others, view);
     b->carrier_dir = c.own;
-    if (decides) {
-      target = b->chold.tick(now, carrier_target(c, others, b->rng), b->rng);
-      if (target >= 0) {
-        auto q = [&](const CarrierView& v) {
-          return json{{"path", v.path}, {"queue_us", v.own.excess_ns / 1000}, {"own", carrier_congested(v.own) ? 1 : v.own.verdict},
-                      {"peer", carrier_congested(v.peer) ? 1 : v.peer.verdict}, {"peer_queue_us", v.peer.excess_ns / 1000},
-                      {"recent_us", v.own.recent_ns / 1000}};
-        };
-        json o = json::array();
-        for (const auto& v : others)
-          if (v.path == target) o = q(v);
-        *why = {{"carrier", q(c)}, {"to", o}, {"hold_window_ms", b->chold.window_ms()}};
-      }
-      return target;
-    }
+    if (decides) return carrier_decide(b, c, others, now, why);
     // Told every second (the queues change all the time).
     if (now - b->view_sent_ms < 1000) return -1;
     b->view_sent_ms = now;
