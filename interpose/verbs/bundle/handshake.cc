@@ -11,54 +11,51 @@
 
 namespace shunt::verbs::bundle {
 
-json answer_join(const json& req) {
-  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
-  if (!b) return {{"retry", "no such QP here yet"}};
-  std::lock_guard g(b->mu);
-  if (!b->have_rtr) return {{"retry", "QP not at RTR yet"}};
-  if (gid_hex(b->rgid) != req.value("peer_gid", "") || b->rqpn != req.value("peer_qpn", 0u))
-    return {{"error", "that QP is connected to another peer"}};
-  if (b->active.load() || !b->paths.empty()) return {{"error", "bundle already set up"}};
-  std::vector<Half> remote;
-  if (!parse_paths(req.value("paths", json::array()), 64, &remote)) return {{"error", "no paths, or a malformed one"}};
-  init_rails(b);
-  const int n = static_cast<int>(config().num(Param::paths_per_rail));
-  const bool rails = rails_wanted(b);
-  int own = 0;
-  std::string err;
-  // This side's shadows on its own rail take ports from path discovery too
-  // (the host agent's round towards the peer), so what this side sends
-  // spreads over the routers as the deciding side's data does; left to the
-  // hash, 8 ports land 6:2 or worse about half the time. While the round is
-  // out the deciding side is asked to come again (it does every 100 ms), for
-  // at most discovery_cap_ms (ten times SHUNT_PATH_DISCOVERY_MS) + 1 s;
-  // then the hash places them.
-  std::vector<std::pair<uint32_t, std::string>> placed;
-  {
-    int want = 0;
-    for (const Half& h : remote) want += !h.none && !h.rail;
-    want = std::min(want, n);
-    const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
-    std::string lip, rip;
-    if (wait_ms > 0 && want >= 2 && !b->rails.empty() && gid_v4(b->rails[0].lgid, &lip) &&
-        gid_v4(b->rails[0].rgid, &rip)) {
-      std::vector<uint16_t> ports;
-      std::vector<std::string> hops;
-      const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));  // the application QP's port
-      ask_prim_router_early(b, prim);
-      const int got = shared_hops(lip, rip, 3 * want, wait_ms, true, &ports, &hops);
-      if (got < 0) {
-        if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + discovery_cap_ms(wait_ms) + 1000;
-        if (mono_ms() < b->hops_until_ms) return {{"retry", "finding paths"}};
-      } else if (got > 0) {
-        std::string spread;
-        placed = cross_order(
-            pick_ports(std::move(ports), std::move(hops), want, prim, &spread));
-        if (!placed.empty())
-          log::info("{} QP {}: rail 0: {} shadows over {} (the peer's bundle)", b->ctx->device, b->pqp->qp_num, want, spread);
-      }
+namespace {
+
+// The ports of this side's shadows on its own rail, by path discovery, into
+// placed; a retry answer while the round is out. Under b->mu.
+// This side's shadows on its own rail take ports from path discovery too
+// (the host agent's round towards the peer), so what this side sends
+// spreads over the routers as the deciding side's data does; left to the
+// hash, 8 ports land 6:2 or worse about half the time. While the round is
+// out the deciding side is asked to come again (it does every 100 ms), for
+// at most discovery_cap_ms (ten times SHUNT_PATH_DISCOVERY_MS) + 1 s;
+// then the hash places them.
+std::optional<json> place_own(Bundle* b, const std::vector<Half>& remote, int n,
+                              std::vector<std::pair<uint32_t, std::string>>* placed) {
+  int want = 0;
+  for (const Half& h : remote) want += !h.none && !h.rail;
+  want = std::min(want, n);
+  const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
+  std::string lip, rip;
+  if (wait_ms > 0 && want >= 2 && !b->rails.empty() && gid_v4(b->rails[0].lgid, &lip) &&
+      gid_v4(b->rails[0].rgid, &rip)) {
+    std::vector<uint16_t> ports;
+    std::vector<std::string> hops;
+    const uint32_t prim = sport_of(flow_label_for(label_seed(b), -1));  // the application QP's port
+    ask_prim_router_early(b, prim);
+    const int got = shared_hops(lip, rip, 3 * want, wait_ms, true, &ports, &hops);
+    if (got < 0) {
+      if (!b->hops_until_ms) b->hops_until_ms = mono_ms() + discovery_cap_ms(wait_ms) + 1000;
+      if (mono_ms() < b->hops_until_ms) return json{{"retry", "finding paths"}};
+    } else if (got > 0) {
+      std::string spread;
+      *placed = cross_order(
+          pick_ports(std::move(ports), std::move(hops), want, prim, &spread));
+      if (!placed->empty())
+        log::info("{} QP {}: rail 0: {} shadows over {} (the peer's bundle)", b->ctx->device, b->pqp->qp_num, want, spread);
     }
   }
+  return std::nullopt;
+}
+
+// This side's half of each of the peer's paths, made and connected, as the
+// answer lists them (null: none). Under b->mu.
+json make_halves(Bundle* b, const std::vector<Half>& remote, int n, bool rails,
+                 const std::vector<std::pair<uint32_t, std::string>>& placed, std::string* err_out) {
+  std::string& err = *err_out;
+  int own = 0;
   json mine = json::array();
   for (const Half& h : remote) {
     int rail = h.none ? -1 : h.rail ? (rails ? rail_for_half(b, h.gid, &err) : -1) : own < n ? 0 : -1;
@@ -80,6 +77,28 @@ json answer_join(const json& req) {
     if (!rail) own++;
     mine.push_back(path_json(b, p));
   }
+  return mine;
+}
+
+}  // namespace
+
+json answer_join(const json& req) {
+  Bundle* b = find_bundle(req.value("gid", ""), req.value("qpn", 0u));
+  if (!b) return {{"retry", "no such QP here yet"}};
+  std::lock_guard g(b->mu);
+  if (!b->have_rtr) return {{"retry", "QP not at RTR yet"}};
+  if (gid_hex(b->rgid) != req.value("peer_gid", "") || b->rqpn != req.value("peer_qpn", 0u))
+    return {{"error", "that QP is connected to another peer"}};
+  if (b->active.load() || !b->paths.empty()) return {{"error", "bundle already set up"}};
+  std::vector<Half> remote;
+  if (!parse_paths(req.value("paths", json::array()), 64, &remote)) return {{"error", "no paths, or a malformed one"}};
+  init_rails(b);
+  const int n = static_cast<int>(config().num(Param::paths_per_rail));
+  const bool rails = rails_wanted(b);
+  std::string err;
+  std::vector<std::pair<uint32_t, std::string>> placed;
+  if (auto retry = place_own(b, remote, n, &placed)) return *retry;
+  json mine = make_halves(b, remote, n, rails, placed, &err);
   if (b->paths.empty()) {
     set_phase(b, Phase::primary_only, err);
     return {{"error", err.empty() ? "no path could be made" : err}};
