@@ -12,27 +12,36 @@
 
 namespace shunt::verbs::bundle {
 
-// Moves two-sided work off a failed carrier (the deciding side). Returns
-// false to try again later (no live path yet). planned_to >= 0: steering
-// moves it off a live carrier to that path (why: the queues that made it),
-// counting no failure; where that path does not answer its probe nothing
-// moves, and where the peer does not agree after the carrier stopped, the
-// move goes on as a failover's.
-bool do_move(Bundle* b, int planned_to, const json& why) {
-  const bool planned = planned_to >= 0;
+namespace {
+
+// Whether a move is to be tried; false: nothing to do now (the bundle gave
+// up, a planned move no longer fits, or the receives cannot move: a
+// failover's gives up). Takes b->lk.
+bool move_wanted(Bundle* b, bool planned, int planned_to) {
   {
     std::lock_guard l(b->lk);
-    if (b->move == Move::gave_up) return true;
+    if (b->move == Move::gave_up) return false;
     if (planned && (b->move != Move::idle || planned_to >= static_cast<int>(b->paths.size()) ||
                     planned_to == b->carrier || !usable(b->paths[planned_to])))
-      return true;
+      return false;
   }
   if (!b->tracking.load()) {
-    if (planned) return true;  // its receives cannot move: it stays
+    if (planned) return false;  // its receives cannot move: it stays
     give_up(b, "the QP uses a shared receive queue: its receives cannot move");
-    return true;
+    return false;
   }
-  std::vector<int> cand;
+  return true;
+}
+
+// How a step of a move ended: go on, done (do_move says true), or to be
+// tried again later (false).
+enum class MoveStep { go, done, again };
+
+// The paths the carrier may move to (those answering a probe), into cand,
+// and the carrier stopped, its index into *from. Takes b->lk.
+MoveStep stop_carrier(Bundle* b, bool planned, int planned_to, std::vector<int>* cand_out, int* from_out) {
+  std::vector<int>& cand = *cand_out;
+  int& from = *from_out;
   if (planned) {
     cand.push_back(planned_to);
   } else {
@@ -40,20 +49,26 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
     for (size_t i = 0; i < b->paths.size(); i++)
       if (usable(b->paths[i])) cand.push_back(static_cast<int>(i));
   }
-  if (cand.empty()) return false;
-  int from;
+  if (cand.empty()) return MoveStep::again;
   if (planned) {
     // Before the carrier stops: a path that does not answer is no place to go.
-    if (answering(b, cand, 300).empty()) return true;
+    if (answering(b, cand, 300).empty()) return MoveStep::done;
     from = begin_move(b, true);
   } else {
     from = begin_move(b);
     // Only paths that answer a probe now: a path that carried nothing since
     // the fault looks usable but may sit behind it.
     cand = answering(b, cand, 300);
-    if (cand.empty()) return false;
+    if (cand.empty()) return MoveStep::again;
   }
-  std::string err;
+  return MoveStep::go;
+}
+
+// Asks the peer to prepare the move to one of cand: its answer, or none (it
+// did not agree: to try again; a planned move's carrier is stopped, so it
+// goes on as after a failure). Takes b->lk.
+std::optional<json> ask_prepare(Bundle* b, const std::vector<int>& cand, bool planned, std::string* err_out) {
+  std::string& err = *err_out;
   auto prep = ask_peer(b,
                        request(b, Msg::carrier_prepare,
                                {{"candidates", cand}, {"down", down_list(b)}, {"planned", planned}}),
@@ -66,32 +81,62 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
       std::lock_guard l(b->lk);
       b->move = next(b->move, MoveEvent::retry);
     }
-    return false;
+    return std::nullopt;
   }
+  return prep;
+}
+
+// The move's second half, to the path the peer chose: the receives and
+// sends moved, the peer told to commit, the move reported; where one of
+// those fails, the bundle gives up.
+void commit_move(Bundle* b, int from, const std::optional<json>& prep, bool planned, const json& why,
+                 std::string* err_out) {
+  std::string& err = *err_out;
   mark_down(b, b->ctx, prep->value("down", json::array()));
   int to = prep->value("to", -1);
   if (to < 0 || to >= static_cast<int>(b->paths.size())) {
     give_up(b, "the peer named no usable path");
-    return true;
+    return;
   }
   int64_t mine = move_receives(b, to);
   if (mine < 0) {
     give_up(b, "the receives could not move");
-    return true;
+    return;
   }
   json info;
   if (!move_sends(b, from, to, prep->value("consumed", uint64_t{0}), &info)) {
     give_up(b, info.value("error", ""));
-    return true;
+    return;
   }
   auto ok = ask_peer(b, request(b, Msg::carrier_commit, {{"to", to}, {"consumed", mine}, {"planned", planned}}),
                      10000, &err);
   if (!ok || !ok->value("ok", false)) {
     give_up(b, "the peer did not take the new path: " + (ok ? ok->dump() : err));
-    return true;
+    return;
   }
   info["why"] = why;
   event_moved(b, from, to, info, planned);
+}
+
+}  // namespace
+
+// Moves two-sided work off a failed carrier (the deciding side). Returns
+// false to try again later (no live path yet). planned_to >= 0: steering
+// moves it off a live carrier to that path (why: the queues that made it),
+// counting no failure; where that path does not answer its probe nothing
+// moves, and where the peer does not agree after the carrier stopped, the
+// move goes on as a failover's.
+bool do_move(Bundle* b, int planned_to, const json& why) {
+  const bool planned = planned_to >= 0;
+  if (!move_wanted(b, planned, planned_to)) return true;
+  std::vector<int> cand;
+  int from;
+  const MoveStep stopped = stop_carrier(b, planned, planned_to, &cand, &from);
+  if (stopped != MoveStep::go) return stopped == MoveStep::done;
+  std::string err;
+  auto prep = ask_prepare(b, cand, planned, &err);
+  if (!prep) return false;
+  commit_move(b, from, prep, planned, why, &err);
   return true;
 }
 
