@@ -126,6 +126,7 @@ void bundle_on_destroy(QpRecord* r) {
     if (b->dead) return;
     b->dead = true;
   }
+  signal_worker(b);  // a worker still asleep ends now
   {
     // A failover round or a peer's request under way finishes first (it
     // sees `dead` next): none may use a shadow or a CQ after this.

@@ -1,11 +1,11 @@
 // What each part of the bundle offers the others, by file, in the order of
 // their layers: a file calls only those listed before it, and one call goes
 // the other way, wake_worker (worker.cc: the parts below wake the failover
-// worker, which starts on its first wake-up). lifecycle.cc, datapath.cc and
-// api.cc, the top, offer only bundle.h. state.h holds the types, with
-// life.h and move.h below it (a path's life and a carrier move: states,
-// events, one pure transition each); test hooks are in testing/. Only
-// these files include it.
+// worker, and start it where its start at activation failed). lifecycle.cc,
+// datapath.cc and api.cc, the top, offer only bundle.h. state.h holds the
+// types, with life.h and move.h below it (a path's life and a carrier move:
+// states, events, one pure transition each); test hooks are in testing/.
+// Only these files include it.
 #pragma once
 #include <functional>
 #include <optional>
@@ -250,7 +250,14 @@ void start_stall_watch();
 void watch_resync(bool wait);
 
 // ---- worker.cc
+// The worker's thread, asleep until its first wake-up: started at
+// activation, so that the data path never starts a thread.
+void start_worker(Bundle* b);
+// Wakes the worker (and starts it where its start at activation failed).
 void wake_worker(Bundle* b);
+// Wakes the worker, never starts it (bundle_on_destroy's: a worker still
+// asleep ends).
+void signal_worker(Bundle* b);
 
 // ---- setup.cc
 void fall_back(Bundle* b, const std::string& why);

@@ -32,6 +32,9 @@ void fall_back(Bundle* b, const std::string& why) {
 }
 
 void activate(Bundle* b) {
+  // Its worker's thread, asleep until the first failure or the steering's
+  // start wakes it.
+  start_worker(b);
   {
     std::lock_guard g(b->lk);
     b->cur = 0;

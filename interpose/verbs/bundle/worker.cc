@@ -276,15 +276,6 @@ void renew_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
 // the route comes back (a port event, or the failed path's probes get
 // through again) the wait is cut short, the damping's excepted.
 void run_worker(Bundle* b) {
-  ReentryGuard guard;
-  struct Exit {
-    Bundle* b;
-    ~Exit() {
-      if (b->prim_router_fd >= 0) close(b->prim_router_fd), b->prim_router_fd = -1;
-      b->worker_exited.store(true);
-    }
-  } exit{b};
-  pthread_setname_np(pthread_self(), "shunt-failover");
   WorkerState w;
   w.decides = initiates(b);
   w.cap = config().num(Param::path_retry_max_ms);
@@ -337,6 +328,44 @@ void run_worker(Bundle* b) {
   }
 }
 
+// The worker's thread: asleep from the bundle's activation until its first
+// wake-up (a failure, a probed or split bundle's start), then its rounds.
+void worker_main(Bundle* b) {
+  ReentryGuard guard;
+  struct Exit {
+    Bundle* b;
+    ~Exit() {
+      if (b->prim_router_fd >= 0) close(b->prim_router_fd), b->prim_router_fd = -1;
+      b->worker_exited.store(true);
+    }
+  } exit{b};
+  pthread_setname_np(pthread_self(), "shunt-failover");
+  {
+    std::unique_lock lock(b->wmu);
+    b->wcv.wait(lock, [&] { return b->wake; });  // (its first round takes the wake-up)
+  }
+  {
+    std::lock_guard g(b->mu);
+    if (b->dead) return;  // destroyed before it had anything to do
+  }
+  run_worker(b);
+}
+
+// Starts the worker's thread unless it runs. false: no thread could be made.
+bool launch(Bundle* b) {
+  {
+    std::lock_guard w(b->wmu);
+    if (b->worker) return true;
+    b->worker = true;
+  }
+  // A worker that throws leaves its bundle without failover rather than
+  // ending the job; worker_exited still tells its waiters it is gone.
+  if (start_thread("bundle worker", [b] { worker_main(b); })) return true;
+  std::lock_guard w(b->wmu);
+  b->worker = false;  // the next wake_worker tries again
+  return false;
+}
+
 // Wakes the running workers of probed bundles (the gen watch).
 void wake_probed_workers() {
   for (Bundle* b : all_bundles()) {
@@ -355,21 +384,22 @@ void wake_probed_workers() {
 
 }  // namespace
 
+void start_worker(Bundle* b) {
+  if (!b->no_worker) launch(b);
+}
+
 void wake_worker(Bundle* b) {
   if (b->no_worker) return;
-  bool start = false;
+  signal_worker(b);
+  launch(b);
+}
+
+void signal_worker(Bundle* b) {
   {
     std::lock_guard w(b->wmu);
     b->wake = true;
-    if (!b->worker) start = b->worker = true;
   }
   b->wcv.notify_one();
-  // A worker that throws leaves its bundle without failover rather than
-  // ending the job; worker_exited still tells its waiters it is gone.
-  if (start && !start_thread("bundle worker", [b] { run_worker(b); })) {
-    std::lock_guard w(b->wmu);
-    b->worker = false;  // the next wake-up tries again
-  }
 }
 
 // A QP that retries forever (retry count 7: rxe never gives up then, and
