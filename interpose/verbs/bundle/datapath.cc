@@ -67,87 +67,127 @@ int bundle_post_recv(Bundle* b, ContextRecord* c, ibv_qp* qp, ibv_recv_wr* wr, i
   return rc;
 }
 
+namespace {
+
+// What the completion filter decided of one completion of a bundle's QP.
+struct Verdict {
+  bool drop = false;    // shunt's to handle: the application never sees it
+  uint8_t kind = kApp;  // whose WR completed (a signaled one shunt numbered)
+  After after;          // a path failed, a renewed one came back
+};
+
+// An error completion on path p (null: a path not known): a failed path's
+// errors are shunt's to handle; the first fails its path. Under b->lk.
+void on_error(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
+  if (!p || b->move == Move::gave_up) return;
+  if (!p->down()) {
+    if (!b->active.load(std::memory_order_relaxed)) return;
+    path_failed(b, pi, w.status, &v->after);
+  }
+  v->drop = true;
+  b->swallowed++;
+}
+
+// A signaled WR shunt numbered on path p completed, and every WR before
+// it: a probe proves a renewed path; a segment, and a flowlet that
+// drained, time the path. Under b->lk.
+void on_signaled(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
+  const Signaled& s = p->signaled.front();
+  v->kind = s.kind;
+  if (s.kind == kProbe) {
+    if (unproven(p->life)) v->after.up.push_back(pi);
+    p->step(LifeEvent::probe_done);
+  }
+  if (s.kind == kSeg && w.status == IBV_WC_SUCCESS) {  // how long the path took to carry it
+    double lat = static_cast<double>(mono_ns() - s.t);
+    p->seg_lat = p->seg_lat > 0 ? 0.8 * p->seg_lat + 0.2 * lat : lat;
+  }
+  p->done = s.seq;
+  p->signaled.pop_front();
+  while (!p->infl.empty() && p->infl.front().seq <= p->done) p->infl.pop_front();
+  if (drained(*p) && p->flow_bytes > 0) {  // a flowlet ended: how fast did it drain?
+    double x = static_cast<double>(mono_ns() - p->flow_start_ns) / static_cast<double>(p->flow_bytes);
+    p->ns_per_byte = p->ns_per_byte > 0 ? 0.75 * p->ns_per_byte + 0.25 * x : x;
+    p->flow_bytes = 0;
+  }
+  if (b->period_open && drained(*p) && bundle_drained(b)) close_period(b);
+}
+
+// One completion of path pi of b. Under b->lk.
+Verdict judge(Bundle* b, int pi, const ibv_wc& w) {
+  Verdict v;
+  const bool known = pi == kPrimary || pi < static_cast<int>(b->paths.size());
+  Path* p = known ? &P(b, pi) : nullptr;
+  if (w.status != IBV_WC_SUCCESS) {
+    on_error(b, p, pi, w, &v);
+  } else if (w.opcode & IBV_WC_RECV) {
+    if (b->tracking.load(std::memory_order_relaxed)) {
+      if (!b->recvs.empty()) b->recvs.pop_front();
+      b->consumed++;
+    }
+  } else if (p && p->down() && b->move != Move::gave_up) {
+    // A late success on a path taken out of service without an error
+    // (a stall): its WRs are shunt's to replay or to owe, by their copies.
+    v.drop = true;
+  } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == w.wr_id)) {
+    on_signaled(b, p, pi, w, &v);
+  }
+  return v;
+}
+
+// The bundle of a completion's QP (null: none, the application's as it
+// is); *skip: shunt's own, of no bundle (a doorbell, a destroyed shadow's).
+Bundle* owner(ContextRecord* c, QpRecord* r, const ibv_wc& w, bool* skip) {
+  *skip = false;
+  if (r && r->doorbell_pending) {  // shunt's doorbell: it woke the application, nothing to see
+    r->doorbell_pending->store(false);
+    *skip = true;
+    return nullptr;
+  }
+  Bundle* b = r ? (r->shadow_of ? r->shadow_of : r->bundle.load(std::memory_order_acquire)) : nullptr;
+  if (!r && g_retired_any.load(std::memory_order_relaxed) && is_retired(c, w.qp_num)) {
+    g_stale_wcs.fetch_add(1, std::memory_order_relaxed);  // left behind by a destroyed shadow
+    *skip = true;
+  }
+  return b;
+}
+
+}  // namespace
+
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
   int out = 0;
   Bundle *touched = nullptr, *pending_flush = nullptr;
   for (int i = 0; i < n; i++) {
     QpRecord* r = find_qp_by_num(c, wc[i].qp_num);
-    if (r && r->doorbell_pending) {  // shunt's doorbell: it woke the application, nothing to see
-      r->doorbell_pending->store(false);
-      continue;
-    }
-    Bundle* b = r ? (r->shadow_of ? r->shadow_of : r->bundle.load(std::memory_order_acquire)) : nullptr;
-    if (!r && g_retired_any.load(std::memory_order_relaxed) && is_retired(c, wc[i].qp_num)) {
-      g_stale_wcs.fetch_add(1, std::memory_order_relaxed);  // left behind by a destroyed shadow
-      continue;
-    }
+    bool skip;
+    Bundle* b = owner(c, r, wc[i], &skip);
+    if (skip) continue;
     if (!b) {
       if (out != i) wc[out] = wc[i];
       out++;
       continue;
     }
-    int pi = r->shadow_of ? r->path : kPrimary;
-    uint8_t kind = kApp;
-    bool drop = false;
-    After after;
+    Verdict v;
     {
       std::lock_guard l(b->lk);
-      bool known = pi == kPrimary || pi < static_cast<int>(b->paths.size());
-      Path* p = known ? &P(b, pi) : nullptr;
-      if (wc[i].status != IBV_WC_SUCCESS) {
-        if (p && p->down() && b->move != Move::gave_up) {
-          drop = true;  // a failed path's errors are shunt's to handle
-          b->swallowed++;
-        } else if (p && b->active.load(std::memory_order_relaxed) && b->move != Move::gave_up) {
-          path_failed(b, pi, wc[i].status, &after);
-          drop = true;
-          b->swallowed++;
-        }
-      } else if (wc[i].opcode & IBV_WC_RECV) {
-        if (b->tracking.load(std::memory_order_relaxed)) {
-          if (!b->recvs.empty()) b->recvs.pop_front();
-          b->consumed++;
-        }
-      } else if (p && p->down() && b->move != Move::gave_up) {
-        // A late success on a path taken out of service without an error
-        // (a stall): its WRs are shunt's to replay or to owe, by their copies.
-        drop = true;
-      } else if (p && !p->signaled.empty() && (pi != kPrimary || p->signaled.front().wr_id == wc[i].wr_id)) {
-        kind = p->signaled.front().kind;
-        if (kind == kProbe) {
-          if (unproven(p->life)) after.up.push_back(pi);
-          p->step(LifeEvent::probe_done);
-        }
-        if (kind == kSeg && wc[i].status == IBV_WC_SUCCESS) {  // how long the path took to carry it
-          double lat = static_cast<double>(mono_ns() - p->signaled.front().t);
-          p->seg_lat = p->seg_lat > 0 ? 0.8 * p->seg_lat + 0.2 * lat : lat;
-        }
-        p->done = p->signaled.front().seq;
-        p->signaled.pop_front();
-        while (!p->infl.empty() && p->infl.front().seq <= p->done) p->infl.pop_front();
-        if (drained(*p) && p->flow_bytes > 0) {  // a flowlet ended: how fast did it drain?
-          double x = static_cast<double>(mono_ns() - p->flow_start_ns) / static_cast<double>(p->flow_bytes);
-          p->ns_per_byte = p->ns_per_byte > 0 ? 0.75 * p->ns_per_byte + 0.25 * x : x;
-          p->flow_bytes = 0;
-        }
-        if (b->period_open && drained(*p) && bundle_drained(b)) close_period(b);
-      }
+      v = judge(b, r->shadow_of ? r->path : kPrimary, wc[i]);
       if (!b->held.empty() && touched != b) {
         if (touched) pending_flush = touched;  // rare: two bundles in one batch
         touched = b;
       }
     }
-    if (!after.down.empty()) {
-      event_down(b, after);
+    if (!v.after.down.empty()) {
+      event_down(b, v.after);
       wake_worker(b);
     }
-    for (int u : after.up) event_up(b, u);
+    for (int u : v.after.up) event_up(b, u);
     if (pending_flush) {
       std::lock_guard l(pending_flush->lk);
       flush_held(pending_flush, c);
       pending_flush = nullptr;
     }
-    if (drop || ((kind == kFence || kind == kProbe || kind == kSeg) && wc[i].status == IBV_WC_SUCCESS)) continue;
+    const bool own = v.kind == kFence || v.kind == kProbe || v.kind == kSeg;
+    if (v.drop || (own && wc[i].status == IBV_WC_SUCCESS)) continue;
     wc[i].qp_num = b->pqp->qp_num;
     if (out != i) wc[out] = wc[i];
     out++;
