@@ -72,30 +72,37 @@ namespace {
 // What the completion filter decided of one completion of a bundle's QP.
 struct Verdict {
   bool drop = false;    // shunt's to handle: the application never sees it
+  bool report = false;  // the bundle's mailbox has a report: wake the worker
   uint8_t kind = kApp;  // whose WR completed (a signaled one shunt numbered)
-  After after;          // a path failed, a renewed one came back
 };
 
 // An error completion on path p (null: a path not known): a failed path's
-// errors are shunt's to handle; the first fails its path. Under b->lk.
+// errors are shunt's to handle; the first fails its path, and the failure
+// goes to the mailbox. Under b->lk.
 void on_error(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
   if (!p || b->move == Move::gave_up) return;
   if (!p->down()) {
     if (!b->active.load(std::memory_order_relaxed)) return;
-    path_failed(b, pi, w.status, &v->after);
+    After a;
+    path_failed(b, pi, w.status, &a);
+    for (auto [x, st] : a.down) b->mail.put({st, static_cast<int16_t>(x), false});
+    v->report = !a.down.empty();
   }
   v->drop = true;
   b->swallowed++;
 }
 
 // A signaled WR shunt numbered on path p completed, and every WR before
-// it: a probe proves a renewed path; a segment, and a flowlet that
-// drained, time the path. Under b->lk.
+// it: a probe proves a renewed path (its return goes to the mailbox); a
+// segment, and a flowlet that drained, time the path. Under b->lk.
 void on_signaled(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
   const Signaled& s = p->signaled.front();
   v->kind = s.kind;
   if (s.kind == kProbe) {
-    if (unproven(p->life)) v->after.up.push_back(pi);
+    if (unproven(p->life)) {
+      b->mail.put({0, static_cast<int16_t>(pi), true});
+      v->report = true;
+    }
     p->step(LifeEvent::probe_done);
   }
   if (s.kind == kSeg && w.status == IBV_WC_SUCCESS) {  // how long the path took to carry it
@@ -154,6 +161,10 @@ Bundle* owner(ContextRecord* c, QpRecord* r, const ibv_wc& w, bool* skip) {
 
 }  // namespace
 
+// Inside the application's ibv_poll_cq: never logs, never starts a thread.
+// What it finds of the paths (a failure, a renewed path back) changes
+// their state at once, under b->lk, and goes to the bundle's mailbox,
+// which the failover worker reports.
 int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
   int out = 0;
   Bundle *touched = nullptr, *pending_flush = nullptr;
@@ -176,11 +187,7 @@ int bundle_filter(ContextRecord* c, ibv_wc* wc, int n) {
         touched = b;
       }
     }
-    if (!v.after.down.empty()) {
-      event_down(b, v.after);
-      wake_worker(b);
-    }
-    for (int u : v.after.up) event_up(b, u);
+    if (v.report) signal_worker(b);
     if (pending_flush) {
       std::lock_guard l(pending_flush->lk);
       flush_held(pending_flush, c);

@@ -1,4 +1,4 @@
-// The bundle's events: paths down, up and renewed, carrier moves, every path stalled.
+// The bundle's events: paths down, up and renewed, carrier moves, every path stalled, and the completion filter's reports.
 #include "interpose/verbs/bundle/parts.h"
 
 #include "core/event_log.h"
@@ -6,33 +6,75 @@
 
 namespace shunt::verbs::bundle {
 
-void event_down(Bundle* b, const After& a) {
-  for (auto [pi, st] : a.down) {
-    int sport;
-    {
-      std::lock_guard l(b->lk);
-      sport = static_cast<int>(path_sport(P(b, pi)));
-    }
-    const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
-                      : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
-                      : st == kPortDown ? "its port went down: async event"
-                      : st == kProbesLost ? "its own probes are lost: silent loss on its route"
-                                         : "the peer saw it fail";
-    log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
-              pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
-    telemetry::event("path_down", {{"device", static_cast<const char*>(b->ctx->device)},
-                                   {"qpn", b->pqp->qp_num},
-                                   {"path", pi},
-                                   {"udp_sport", sport},
-                                   {"status", st >= 0            ? why
-                                              : st == kStalled   ? "stalled"
-                                              : st == kPortDown ? "port_down"
-                                              : st == kProbesLost ? "probes_lost"
-                                                                 : "peer"}});
+namespace {
+
+void down_event(Bundle* b, int pi, int st) {
+  int sport;
+  {
+    std::lock_guard l(b->lk);
+    sport = static_cast<int>(path_sport(P(b, pi)));
   }
+  const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
+                    : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
+                    : st == kPortDown ? "its port went down: async event"
+                    : st == kProbesLost ? "its own probes are lost: silent loss on its route"
+                                       : "the peer saw it fail";
+  log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
+            pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
+  telemetry::event("path_down", {{"device", static_cast<const char*>(b->ctx->device)},
+                                 {"qpn", b->pqp->qp_num},
+                                 {"path", pi},
+                                 {"udp_sport", sport},
+                                 {"status", st >= 0            ? why
+                                            : st == kStalled   ? "stalled"
+                                            : st == kPortDown ? "port_down"
+                                            : st == kProbesLost ? "probes_lost"
+                                                               : "peer"}});
+}
+
+void up_event(Bundle* b, int i) {
+  uint32_t port;
+  {
+    std::lock_guard l(b->lk);
+    port = 0xC000 | b->paths[i].flow_label;
+  }
+  log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i, port);
+  telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
+                               {"qpn", b->pqp->qp_num},
+                               {"path", i},
+                               {"udp_sport", port}});
+}
+
+}  // namespace
+
+size_t report_mail(Bundle* b) {
+  std::lock_guard m(b->mail_mu);
+  PathReport r[Mailbox::kSlots];
+  size_t n;
+  uint64_t dropped;
+  {
+    std::lock_guard l(b->lk);
+    if (b->mail.empty()) return 0;
+    n = b->mail.take(r, &dropped);
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].up) up_event(b, r[i].path);
+    else down_event(b, r[i].path, r[i].status);
+  }
+  if (dropped)
+    log::warn("{} QP {}: {} reports of its paths' changes seen in ibv_poll_cq were dropped (they waited for the "
+              "failover worker past the mailbox's {} slots); the paths' states are current",
+              b->ctx->device, b->pqp->qp_num, dropped, Mailbox::kSlots);
+  return n + dropped;
+}
+
+void event_down(Bundle* b, const After& a) {
+  report_mail(b);
+  for (auto [pi, st] : a.down) down_event(b, pi, st);
 }
 
 void event_all_stalled(Bundle* b, size_t n) {
+  report_mail(b);
   log::warn("{} QP {}: every usable path ({}) stalled at once while the device retransmitted: congestion, or a "
             "route they all share; none is failed for it (the device keeps retrying their work)",
             b->ctx->device, b->pqp->qp_num, n);
@@ -42,6 +84,7 @@ void event_all_stalled(Bundle* b, size_t n) {
 }
 
 void event_moved(Bundle* b, int from, int to, const json& info, bool planned) {
+  report_mail(b);
   if (planned) {
     {
       std::lock_guard l(b->lk);
@@ -84,6 +127,7 @@ void event_moved(Bundle* b, int from, int to, const json& info, bool planned) {
 
 void event_renewed(Bundle* b, int i, bool probation) {
   if (!probation) return event_up(b, i);  // trusted without a probe
+  report_mail(b);
   uint32_t port;
   {
     std::lock_guard l(b->lk);
@@ -94,16 +138,8 @@ void event_renewed(Bundle* b, int i, bool probation) {
 
 // Not under b->lk.
 void event_up(Bundle* b, int i) {
-  uint32_t port;
-  {
-    std::lock_guard l(b->lk);
-    port = 0xC000 | b->paths[i].flow_label;
-  }
-  log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i, port);
-  telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
-                               {"qpn", b->pqp->qp_num},
-                               {"path", i},
-                               {"udp_sport", port}});
+  report_mail(b);
+  up_event(b, i);
 }
 
 }  // namespace shunt::verbs::bundle

@@ -88,11 +88,13 @@ void mark_down(Bundle* b, ContextRecord* c, const json& list) {
 
 // Polls the bundle's CQs empty (shunt's own completions and the bookkeeping
 // of every path as usual); what the application must see is kept for its
-// next poll, in order.
+// next poll, in order. What the completion filter found on the way is
+// reported here, on this thread, as it was found.
 void drain(Bundle* b) {
   usleep(2000);  // a completion the device was making as the QP changed state
   drain_cq(b->ctx, b->pqp->send_cq, [&](const ibv_wc& w) { stash(b->pqp->send_cq, w); });
   if (b->pqp->recv_cq != b->pqp->send_cq) drain_cq(b->ctx, b->pqp->recv_cq, [&](const ibv_wc& w) { stash(b->pqp->recv_cq, w); });
+  if (report_mail(b)) wake_worker(b);
 }
 
 // Stops the carrier: no more two-sided work on it, its QP to the error
@@ -209,6 +211,7 @@ void give_up(Bundle* b, const std::string& why) {
     std::lock_guard g(b->mu);
     set_phase(b, Phase::failed, why);
   }
+  report_mail(b);  // the failures seen before, first
   log::error("{} QP {}: no path can carry this QP's work any more ({}); the application gets its errors",
              b->ctx->device, b->pqp->qp_num, why);
   telemetry::event("failover_failed",

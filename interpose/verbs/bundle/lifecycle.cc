@@ -126,6 +126,7 @@ void bundle_on_destroy(QpRecord* r) {
     if (b->dead) return;
     b->dead = true;
   }
+  report_mail(b);    // what the completion filter found, while the QP lives
   signal_worker(b);  // a worker still asleep ends now
   {
     // A failover round or a peer's request under way finishes first (it

@@ -88,8 +88,8 @@ using ProbeStats = std::map<std::pair<int, uint32_t>, json>;
 inline constexpr int kStalled = -3;   // the stall watch
 inline constexpr int kPortDown = -4;  // a port or device event
 inline constexpr int kProbesLost = -5;  // the host agent's probes of its source port
-// What the poll path decided under the lock, done after it (events,
-// threads: never under the spin lock).
+// What a failure decided under the lock, for its caller's events after it
+// (never under the spin lock). The poll path's go to the bundle's mailbox.
 struct After {
   std::vector<std::pair<int, int>> down;  // (path, wc status)
   std::vector<int> up;                    // renewed paths whose probe completed
@@ -206,6 +206,11 @@ void event_all_stalled(Bundle* b, size_t n);
 void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false);
 void event_renewed(Bundle* b, int i, bool probation);
 void event_up(Bundle* b, int i);
+// Reports what the completion filter left in b's mailbox, in order, as
+// event_down and event_up do; returns how many reports (dropped ones
+// included). Every event_ function reports the mailbox first. Not under
+// b->lk.
+size_t report_mail(Bundle* b);
 
 // ---- failover.cc
 void path_failed(Bundle* b, int pi, int status, After* a, bool counted = true);
@@ -255,8 +260,8 @@ void watch_resync(bool wait);
 void start_worker(Bundle* b);
 // Wakes the worker (and starts it where its start at activation failed).
 void wake_worker(Bundle* b);
-// Wakes the worker, never starts it (bundle_on_destroy's: a worker still
-// asleep ends).
+// Wakes the worker, never starts it: the data path's (bundle_filter,
+// inside the application's ibv_poll_cq), and bundle_on_destroy's.
 void signal_worker(Bundle* b);
 
 // ---- setup.cc

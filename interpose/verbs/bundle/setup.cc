@@ -33,7 +33,8 @@ void fall_back(Bundle* b, const std::string& why) {
 
 void activate(Bundle* b) {
   // Its worker's thread, asleep until the first failure or the steering's
-  // start wakes it.
+  // start wakes it: the completion filter, inside the application's
+  // ibv_poll_cq, only wakes it.
   start_worker(b);
   {
     std::lock_guard g(b->lk);

@@ -7,6 +7,8 @@
 //            the peer's carrier-prepare, carrier-commit and path-renew,
 //            bundle_on_destroy)
 //   mu       the control path: the set-up fields, the state, dead
+//   mail_mu  the mailbox's reader (report_mail): one at a time, so that the
+//            filter's reports come out in the order it made them
 //   lk       the data path (a spin lock, a few dozen instructions, never
 //            across a call that can block): the paths' rings, held, the
 //            carrier, the split groups, the counters
@@ -18,6 +20,8 @@
 #include <infiniband/verbs.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -219,6 +223,52 @@ class SpinLock {
   std::atomic_flag f_ = ATOMIC_FLAG_INIT;
 };
 
+// What the completion filter (bundle_filter, inside the application's
+// ibv_poll_cq) found of a path, for one of shunt's threads to report as
+// its log line and event: the filter neither logs nor starts a thread.
+// The path's state changed at once; only the report waits.
+struct PathReport {
+  int32_t status = 0;  // a failure's: its completion's status
+  int16_t path = 0;    // kPrimary or a shadow
+  bool up = false;     // a renewed path's probe completed (else it failed)
+};
+
+// The bundle's reports not yet made, oldest first; under Bundle::lk. Its
+// size is fixed (it lives as long as the application's QP): a report that
+// finds it full is dropped and only counted, and the reader reports the
+// count in one line. A path reports at most twice between two renewals
+// (its probe completes, it fails), so only a worker that has stopped
+// reading lets it fill.
+class Mailbox {
+ public:
+  static constexpr size_t kSlots = 64;
+  void put(const PathReport& r) {
+    if (n_ == kSlots) {
+      dropped_++;
+      return;
+    }
+    slot_[n_++] = r;
+  }
+  bool empty() const { return n_ == 0 && dropped_ == 0; }  // nothing to report, nothing dropped
+  size_t size() const { return n_; }
+  uint64_t dropped() const { return dropped_; }
+  // Moves every report into out[0..kSlots), and the count dropped since the
+  // last take into *dropped; returns how many reports.
+  size_t take(PathReport* out, uint64_t* dropped) {
+    size_t n = n_;
+    std::copy(slot_.begin(), slot_.begin() + n, out);
+    *dropped = dropped_;
+    n_ = 0;
+    dropped_ = 0;
+    return n;
+  }
+
+ private:
+  std::array<PathReport, kSlots> slot_{};
+  size_t n_ = 0;
+  uint64_t dropped_ = 0;
+};
+
 // A split WRITE's segments: (path, its seq there) each, and where it writes.
 struct SplitGroup {
   uint64_t id = 0;
@@ -289,10 +339,12 @@ struct Bundle {
   std::atomic<bool> worker_exited{false};
   std::atomic<bool> renew_now{false};  // a port came back: renew failed paths without waiting out the backoff
   bool no_worker = false;  // unit tests: no peer to ask, so no failover worker unless the test wants one
+  std::mutex mail_mu;  // the mailbox's reader (report_mail)
   // Data path.
   std::atomic<bool> active{false};
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
   bundle::SpinLock lk;
+  bundle::Mailbox mail;  // what the completion filter found, for the worker to report
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   bool split = false;
   uint64_t split_min = 0;

@@ -266,6 +266,15 @@ void renew_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
   }
 }
 
+// What the completion filter found since the last round is reported
+// first, before the round acts on it. false: the bundle is gone.
+bool report_found(Bundle* b) {
+  std::lock_guard g(b->mu);  // (its QP lives while `dead` is not set)
+  if (b->dead) return false;
+  report_mail(b);
+  return true;
+}
+
 // One thread per bundle once a path failed: moves the carrier and renews
 // failed shadows (the deciding side), or reports failures to the deciding
 // side (the other). Renewal retries back off exponentially to
@@ -287,6 +296,7 @@ void run_worker(Bundle* b) {
   w.shm_name = expand_pattern(config().str(Param::clock_shm), static_cast<int>(getpid()));
   for (;;) {
     sleep_until_due(b, w);
+    if (!report_found(b)) return;
     Round r;
     if (!probes_and_steering(b, w, &r)) return;
     r.unproven.assign(b->paths.size(), false);
