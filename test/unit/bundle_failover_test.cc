@@ -8,11 +8,17 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "core/event_log.h"
+#include "core/log.h"
+#include "core/threads.h"
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/probe_ask.h"
@@ -57,6 +63,115 @@ TEST(Bundle, AFailedShadowsWorkIsPostedAgainOnAnotherAndItsErrorsNeverShow) {
     ASSERT_EQ(r.poll().size(), 1u);
   }
   EXPECT_EQ(posted_on(dead), 0u);
+}
+
+namespace {
+// The log, written to a file of the test's while it lives.
+struct LogFile {
+  std::string path = "/tmp/shunt-bundle-log-test-" + std::to_string(getpid());
+  LogFile() {
+    unlink(path.c_str());
+    shunt::log::configure(shunt::LogLevel::info, path);
+  }
+  ~LogFile() {
+    shunt::log::configure(shunt::LogLevel::warn, "");
+    unlink(path.c_str());
+  }
+  std::string text() const {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+};
+}  // namespace
+
+// The completion filter runs inside the application's ibv_poll_cq: a path
+// failure it sees changes the path at once (its work goes again elsewhere,
+// nothing more is posted to it), but its report only waits in the bundle's
+// mailbox: nothing is logged, no event made, no thread started on the
+// polling thread. The worker's first step of a round reports it, with the
+// line and the event the filter once made itself.
+TEST(Bundle, APathFailureSeenInPollIsReportedByTheWorkerNotThePollingThread) {
+  LogFile log;
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  const uint32_t dead = g_posted[0].qpn;
+  const int path = static_cast<int>(dead - r.sh[0].qp_num);
+  g_posted.clear();
+  const uint64_t downs = shunt::telemetry::event_count("path_down");
+  const size_t threads = shunt::live_threads();
+  g_cq.push_back(error_wc(dead, 1, IBV_WC_RETRY_EXC_ERR));
+  EXPECT_TRUE(r.poll().empty());
+  EXPECT_TRUE(bundle_json(*r.rec)["paths"][path]["down"].get<bool>());
+  ASSERT_EQ(g_posted.size(), 1u);
+  EXPECT_NE(g_posted[0].qpn, dead);
+  EXPECT_EQ(g_posted[0].wr_id, 1u);
+  uint64_t dropped = 1;
+  EXPECT_EQ(bundle_mail_for_test(r.rec, &dropped), 1u);
+  EXPECT_EQ(dropped, 0u);
+  EXPECT_EQ(log.text().find("failed ("), std::string::npos) << log.text();
+  EXPECT_EQ(shunt::telemetry::event_count("path_down"), downs);
+  EXPECT_EQ(shunt::live_threads(), threads);
+  // The worker's report.
+  EXPECT_EQ(bundle_report_mail_for_test(r.rec), 1u);
+  const std::string line = "bundle0 QP 500: path " + std::to_string(path) + " failed (" +
+                           ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR) + ")";
+  EXPECT_NE(log.text().find(line), std::string::npos) << log.text();
+  EXPECT_EQ(shunt::telemetry::event_count("path_down"), downs + 1);
+  EXPECT_EQ(bundle_mail_for_test(r.rec, &dropped), 0u);
+  EXPECT_EQ(bundle_report_mail_for_test(r.rec), 0u);  // once
+}
+
+// The worker's thread starts at activation, asleep: the filter only wakes
+// it, and it reports the failure a moment later.
+TEST(Bundle, TheWorkerStartedAtActivationReportsWhatThePollFound) {
+  LogFile log;
+  Rig r;
+  bundle_start_worker_for_test(r.rec);
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  const uint32_t dead = g_posted[0].qpn;
+  const int path = static_cast<int>(dead - r.sh[0].qp_num);
+  const uint64_t downs = shunt::telemetry::event_count("path_down");
+  const size_t threads = shunt::live_threads();
+  g_cq.push_back(error_wc(dead, 1, IBV_WC_RETRY_EXC_ERR));
+  EXPECT_TRUE(r.poll().empty());
+  EXPECT_EQ(shunt::live_threads(), threads);  // the poll started none
+  for (int i = 0; i < 200 && shunt::telemetry::event_count("path_down") == downs; i++) usleep(10000);
+  EXPECT_EQ(shunt::telemetry::event_count("path_down"), downs + 1);
+  EXPECT_NE(log.text().find("bundle0 QP 500: path " + std::to_string(path) + " failed ("), std::string::npos)
+      << log.text();
+}
+
+// The mailbox has a fixed size, whoever fails to read it: past it, a report
+// is dropped and counted, and the reader says how many in one line. Here
+// nobody reads it while a path fails and comes back 40 times (81 reports).
+TEST(Bundle, TheMailboxIsBoundedAndCountsWhatItDropped) {
+  LogFile log;
+  Rig r;
+  const uint32_t qpn = r.sh[1].qp_num;
+  const uint64_t downs = shunt::telemetry::event_count("path_down");
+  const uint64_t ups = shunt::telemetry::event_count("path_up");
+  g_cq.push_back(error_wc(qpn, 1, IBV_WC_RETRY_EXC_ERR));
+  EXPECT_TRUE(r.poll().empty());
+  for (int k = 0; k < 40; k++) {
+    bundle_back_in_service_for_test(r.rec, 1);  // renewed: its probe out
+    ASSERT_TRUE(bundle_probation_for_test(r.rec, 1));
+    complete(qpn, 0);  // the probe completes: the path is back
+    g_cq.push_back(error_wc(qpn, 1, IBV_WC_RETRY_EXC_ERR));  // and fails again
+    EXPECT_TRUE(r.poll().empty());
+    EXPECT_TRUE(bundle_json(*r.rec)["paths"][1]["down"].get<bool>());
+  }
+  uint64_t dropped = 0;
+  EXPECT_EQ(bundle_mail_for_test(r.rec, &dropped), 64u);  // its slots
+  EXPECT_EQ(dropped, 17u);
+  EXPECT_EQ(bundle_report_mail_for_test(r.rec), 81u);
+  // The first 64 in order: down, then up and down again 31 times, and up.
+  EXPECT_EQ(shunt::telemetry::event_count("path_down"), downs + 32);
+  EXPECT_EQ(shunt::telemetry::event_count("path_up"), ups + 32);
+  EXPECT_NE(log.text().find("bundle0 QP 500: 17 reports of its paths"), std::string::npos) << log.text();
+  EXPECT_EQ(bundle_mail_for_test(r.rec, &dropped), 0u);
+  EXPECT_EQ(dropped, 0u);
 }
 
 // Three SENDs in flight on the application's QP when it fails; the peer

@@ -108,6 +108,21 @@ int bundle_port_event_for_test(const std::string& device, int port, bool up) {
   return on_port_event(device, port, up, false);
 }
 
+void bundle_start_worker_for_test(QpRecord* r) {
+  Bundle* b = r->bundle.load();
+  b->no_worker = false;
+  start_worker(b);
+}
+
+size_t bundle_mail_for_test(QpRecord* r, uint64_t* dropped) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard l(b->lk);
+  *dropped = b->mail.dropped();
+  return b->mail.size();
+}
+
+size_t bundle_report_mail_for_test(QpRecord* r) { return report_mail(r->bundle.load()); }
+
 void bundle_probe_for_test(QpRecord* r, int path) {
   Bundle* b = r->bundle.load();
   b->no_worker = false;  // (before the worker exists) it is what polls the probe

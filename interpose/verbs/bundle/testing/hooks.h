@@ -1,6 +1,7 @@
 // Test hooks of the bundle, for the unit tests and the microbenchmark only:
 // they are built into a test archive, never into libshunt.so.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -40,5 +41,14 @@ void bundle_back_in_service_for_test(QpRecord* r, int path);
 // A port event as the watch thread handles it (its failover worker not
 // woken); returns the bundles touched.
 int bundle_port_event_for_test(const std::string& device, int port, bool up);
+// The failover worker's thread as activation starts it: asleep until its
+// first wake-up.
+void bundle_start_worker_for_test(QpRecord* r);
+// What the completion filter left in the bundle's mailbox: how many
+// reports wait, and (dropped) how many found it full.
+size_t bundle_mail_for_test(QpRecord* r, uint64_t* dropped);
+// The worker's first step of a round: reports what the mailbox holds;
+// returns how many reports (dropped ones included).
+size_t bundle_report_mail_for_test(QpRecord* r);
 
 }  // namespace shunt::verbs
