@@ -6,7 +6,10 @@
 # timeout: 120
 . "$(dirname "$0")/../lib.sh"
 P=$TMP/prefix
-make -s -C "$ROOT" BUILD="$B" PREFIX="$P" install >"$TMP/install.log" 2>&1 || { cat "$TMP/install.log"; fail "make install"; }
+# BUILD as the other makes name it (relative to the tree): an object made
+# under another name writes its header dependencies under that name, and
+# the next plain `make` no longer sees them
+make -s -C "$ROOT" BUILD="${B#"$ROOT"/}" PREFIX="$P" install >"$TMP/install.log" 2>&1 || { cat "$TMP/install.log"; fail "make install"; }
 cd "$TMP"
 unset SHUNT_ROOT BUILD SRC_ROOT SHUNT_BENCH
 for t in shunt-run shunt-bench shunt-bench-scenario shunt-bench-scenario-report shunt-fabric shuntctl shunt-probe shunt-peer; do
