@@ -112,6 +112,12 @@ $(CORE_A): $(CORE_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 # ---------------------------------------------------------------- tools
+# A tool's objects are made through the pattern rule below alone, so make
+# took them for intermediate files and deleted them after a clean build;
+# the next make that read their dependency files (make install, under e2e
+# 23) then had to build every tool again.
+TOOL_OBJS := $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard tools/*/*.cc))
+.SECONDARY: $(TOOL_OBJS)
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(subst .cc,.o,$$(addprefix $(BUILD)/obj/,$$(wildcard tools/$$*/*.cc))) $(CORE_A)
 	@mkdir -p $(dir $@)
