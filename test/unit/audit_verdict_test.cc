@@ -2,6 +2,8 @@
 // floors, the verdict's exit status, where a fault lands in the tree.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "tools/shunt-audit/verdict.h"
 
 using namespace audit;
@@ -192,6 +194,31 @@ TEST(AuditVerdict, ASlowUplinkIsNamedAsThatLinkNotAsItsPairs) {
   EXPECT_EQ(bad_leaves(n),
             std::vector<std::string>{
                 "fleet/Back-end network/rail 0/leaf-spine links/h1's leaf <-> 192.168.0.6"});
+}
+
+TEST(AuditVerdict, TwoDegradedLinksCarryingHalfTheRailAreBothNamed) {
+  // Healthy paths differ (11 or 20 MB/s); h3's uplink to one spine loses
+  // (0.5 MB/s) and h1's to the other is limited (4 MB/s), both ways: 12 of
+  // the rail's 24 measurements cross one of them, and the median of them all
+  // (7.5 MB/s) would pass the limited link.
+  auto m = mesh();
+  for (size_t i = 0; i < m.size(); i++) m[i].mbps = i % 2 ? 20 : 11;
+  for (auto& x : m) {
+    if (x.rail != 0) continue;
+    if ((x.src == 2 && x.router == "192.168.2.2") || (x.dst == 2 && x.sport == 0xC001)) x.mbps = 0.5;
+    if ((x.src == 0 && x.router == "192.168.0.6") || (x.dst == 0 && x.sport == 0xC002)) x.mbps = 4;
+  }
+  Judged j = judge_backend(m, Thresholds{});
+  ASSERT_EQ(j.links.size(), 2u);
+  std::set<std::pair<int, std::string>> named;
+  for (auto& l : j.links) {
+    EXPECT_EQ(l.rail, 0);
+    EXPECT_NE(l.status, Status::pass);
+    named.insert({l.host, l.router});
+  }
+  EXPECT_EQ(named, (std::set<std::pair<int, std::string>>{{0, "192.168.0.6"}, {2, "192.168.2.2"}}));
+  EXPECT_GE(j.bw_median.at(0), 11.0);  // the healthy paths' median
+  for (size_t i = 0; i < m.size(); i++) EXPECT_EQ(j.bw[i], Status::pass) << i;
 }
 
 TEST(AuditVerdict, AHostSlowThroughEveryRouterIsItsOwnLinkNotASpines) {

@@ -108,8 +108,12 @@ std::vector<LinkFinding> find_links(const std::vector<PathValue>& ps, bool highe
   return out;
 }
 
-Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
-                     const std::vector<std::string>& names) {
+namespace {
+
+// One round of judge_backend: every measurement against its rail's median
+// over the measurements not in `excluded`.
+Judged judge_round(const std::vector<Measurement>& ms, const Thresholds& t,
+                   const std::vector<std::string>& names, const std::vector<bool>& excluded) {
   Judged out;
   auto name = [&](int h) {
     return h < static_cast<int>(names.size()) ? names[h] : fmt::format("host {}", h);
@@ -117,11 +121,13 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
   out.bw.assign(ms.size(), Status::pass);
   out.lat.assign(ms.size(), Status::pass);
   out.note.assign(ms.size(), "");
+  out.explained.assign(ms.size(), false);
   std::map<int, std::vector<double>> bw_of_rail, lat_of_rail;
-  for (auto& m : ms)
-    if (m.error.empty() && m.skipped.empty())
-      bw_of_rail[m.rail].push_back(m.mbps), lat_of_rail[m.rail].push_back(m.lat_us);
-  std::map<int, double> bw_med, lat_med;
+  for (size_t i = 0; i < ms.size(); i++)
+    if (ms[i].error.empty() && ms[i].skipped.empty() && !excluded[i])
+      bw_of_rail[ms[i].rail].push_back(ms[i].mbps), lat_of_rail[ms[i].rail].push_back(ms[i].lat_us);
+  std::map<int, double>& bw_med = out.bw_median;
+  std::map<int, double> lat_med;
   for (auto& [r, v] : bw_of_rail) bw_med[r] = median(v);
   for (auto& [r, v] : lat_of_rail) lat_med[r] = median(v);
   for (size_t i = 0; i < ms.size(); i++) {
@@ -155,7 +161,8 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
             ? fmt::format("slow from {} on every path: its NIC or its link to the leaf",
                           name(f.host))
             : fmt::format("slow through the link from {}'s leaf up to {}", name(f.host), f.router);
-    for (size_t i : f.idx) out.bw[i] = out.lat[i] = Status::pass, out.note[i] = why;
+    for (size_t i : f.idx)
+      out.bw[i] = out.lat[i] = Status::pass, out.note[i] = why, out.explained[i] = true;
   }
   // The same link carries traffic down to that host as well (its fault
   // is usually both ways): slow measurements towards it on that rail are
@@ -165,10 +172,34 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
       if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass &&
           ms[i].error.empty()) {
         out.bw[i] = out.lat[i] = Status::pass;
+        out.explained[i] = true;
         out.note[i] = l.router.empty()
                           ? fmt::format("slow, probably through {}'s NIC or link to its leaf", name(l.host))
                           : fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host), l.router);
       }
+  return out;
+}
+
+}  // namespace
+
+// Where degraded links carry many of a rail's measurements (on a small
+// fabric, two links of four hosts' carry half), the rail's median is one of
+// theirs and hides the milder link. So the median is taken again without
+// the measurements the links found so far explain, until no new link is
+// found: what a rail carries is what its healthy paths carry.
+Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
+                     const std::vector<std::string>& names) {
+  std::vector<bool> excluded(ms.size(), false);
+  Judged out = judge_round(ms, t, names, excluded);
+  for (int round = 0; round < 4; round++) {
+    bool more = false;
+    for (size_t i = 0; i < ms.size(); i++) more |= out.explained[i] && !excluded[i];
+    if (!more) break;
+    for (size_t i = 0; i < ms.size(); i++) excluded[i] = excluded[i] || out.explained[i];
+    Judged next = judge_round(ms, t, names, excluded);
+    if (next.links.size() < out.links.size()) break;  // (a link found against a lower median stays)
+    out = std::move(next);
+  }
   return out;
 }
 
@@ -445,9 +476,12 @@ Node evaluate(const std::vector<json>& facts, const std::vector<std::string>& na
     for (auto& m : ms)
       if (m.rail == r && m.error.empty() && m.skipped.empty())
         bw.push_back(m.mbps), lat.push_back(m.lat_us);
+    std::string without;
+    if (j.bw_median.count(r) && j.bw_median.at(r) != median(bw))
+      without = fmt::format(" ({:.1f} MB/s without the degraded links' measurements)", j.bw_median.at(r));
     Node& rn = be.add({fmt::format("rail {}", r), Status::pass,
-                       fmt::format("median {:.1f} MB/s, {:.0f} us over {} measurements", median(bw),
-                                   median(lat), bw.size())});
+                       fmt::format("median {:.1f} MB/s, {:.0f} us over {} measurements{}", median(bw),
+                                   median(lat), bw.size(), without)});
     rn.add({"host links", Status::pass, "none found degraded"});
     rn.add({"leaf-spine links", Status::pass, "none found degraded"});
     Node &hl = rn.children[0], &links = rn.children[1];  // (references after both adds: the vector grows)

@@ -5,6 +5,7 @@
 // and one of 400G NICs are judged by the same rules.
 #pragma once
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -117,10 +118,13 @@ std::vector<LinkFinding> find_links(const std::vector<PathValue>& paths, bool hi
 struct Judged {
   std::vector<Status> bw, lat;    // per measurement, after attribution
   std::vector<std::string> note;  // per measurement: why it was excused, if it was
+  std::vector<bool> explained;    // per measurement: a link in `links` explains it
   std::vector<LinkFault> links;
+  std::map<int, double> bw_median;  // per rail: without the measurements `links` explain
 };
-// Judges every measurement against its rail's median and attributes groups
-// of outliers to the link they share.
+// Judges every measurement against its rail's median (without those the
+// degraded links found explain) and attributes groups of outliers to the
+// link they share.
 // names: the hosts' names for the notes ("host N" where not given).
 Judged judge_backend(const std::vector<Measurement>& m, const Thresholds& t,
                      const std::vector<std::string>& names = {});
