@@ -206,7 +206,8 @@ TEST(Bundle, SplitsPipelineButNeverOverlapAnUnfinishedOne) {
 // bundle was drained, to its completion) is split or pinned; after each
 // mode was tried three times, large WRITEs go the way whose periods moved
 // their bytes faster, split when the carrier is the slow one, pinned when
-// the spread is, until the 16th choice tries the other mode again.
+// the spread is, until the 16th choice tries the other mode again. A change
+// of mode is reported by the worker, not the posting thread.
 namespace {
 // One 128 KiB WRITE_WITH_IMM, completed `slow_ms` after its post if it went
 // the slow way (split or not); returns whether it was split.
@@ -242,6 +243,14 @@ TEST(Bundle, AutoSplitsWhenTheCarrierIsSlowerAndPinsWhenItIsFaster) {
     EXPECT_EQ(j["auto"]["now"], split_slow ? "pin" : "split");
     EXPECT_GT(j["auto"][split_slow ? "split_ns_per_kib" : "pin_ns_per_kib"].get<double>(),
               2 * j["auto"][split_slow ? "pin_ns_per_kib" : "split_ns_per_kib"].get<double>());
+    // Each change of mode was chosen inside ibv_post_send: its line waits
+    // in the mailbox for the worker, the posting thread never logs.
+    uint64_t dropped = 0;
+    const size_t changes = bundle_mail_for_test(r.rec, &dropped);
+    EXPECT_GE(changes, 1u);
+    EXPECT_EQ(dropped, 0u);
+    EXPECT_EQ(bundle_report_mail_for_test(r.rec), changes);
+    EXPECT_EQ(bundle_mail_for_test(r.rec, &dropped), 0u);
   }
 }
 

@@ -85,7 +85,7 @@ void on_error(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
     if (!b->active.load(std::memory_order_relaxed)) return;
     After a;
     path_failed(b, pi, w.status, &a);
-    for (auto [x, st] : a.down) b->mail.put({st, static_cast<int16_t>(x), false});
+    for (auto [x, st] : a.down) b->mail.put({Report::Kind::path_down, static_cast<int16_t>(x), st});
     v->report = !a.down.empty();
   }
   v->drop = true;
@@ -100,7 +100,7 @@ void on_signaled(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
   v->kind = s.kind;
   if (s.kind == kProbe) {
     if (unproven(p->life)) {
-      b->mail.put({0, static_cast<int16_t>(pi), true});
+      b->mail.put({Report::Kind::path_up, static_cast<int16_t>(pi)});
       v->report = true;
     }
     p->step(LifeEvent::probe_done);

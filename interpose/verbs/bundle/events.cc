@@ -1,5 +1,7 @@
-// The bundle's events: paths down, up and renewed, carrier moves, every path stalled, and the completion filter's reports.
+// The bundle's events: paths down, up and renewed, carrier moves, every path stalled, and the data path's reports.
 #include "interpose/verbs/bundle/parts.h"
+
+#include <cstring>
 
 #include "core/event_log.h"
 #include "core/log.h"
@@ -49,7 +51,7 @@ void up_event(Bundle* b, int i) {
 
 size_t report_mail(Bundle* b) {
   std::lock_guard m(b->mail_mu);
-  PathReport r[Mailbox::kSlots];
+  Report r[Mailbox::kSlots];
   size_t n;
   uint64_t dropped;
   {
@@ -57,12 +59,21 @@ size_t report_mail(Bundle* b) {
     if (b->mail.empty()) return 0;
     n = b->mail.take(r, &dropped);
   }
-  for (size_t i = 0; i < n; i++) {
-    if (r[i].up) up_event(b, r[i].path);
-    else down_event(b, r[i].path, r[i].status);
-  }
+  for (size_t i = 0; i < n; i++) switch (r[i].kind) {
+      case Report::Kind::path_down: down_event(b, r[i].path, r[i].status); break;
+      case Report::Kind::path_up: up_event(b, r[i].path); break;
+      case Report::Kind::held_failed:
+        log::error("{} QP {}: a held WR could not be posted ({}); the application gets an error completion",
+                   b->ctx->device, b->pqp->qp_num, strerror(r[i].status));
+        break;
+      case Report::Kind::spread_mode:
+        log::info("{} QP {}: SHUNT_SPREAD=auto: large WRITEs {} now ({:.0f} ns/KiB split, {:.0f} ns/KiB pinned)",
+                  b->ctx->device, b->pqp->qp_num, r[i].status ? "split" : "stay on the carrier", r[i].split_ns_kib,
+                  r[i].pinned_ns_kib);
+        break;
+    }
   if (dropped)
-    log::warn("{} QP {}: {} reports of its paths' changes seen in ibv_poll_cq were dropped (they waited for the "
+    log::warn("{} QP {}: {} reports of its paths' changes and its data path were dropped (they waited for the "
               "failover worker past the mailbox's {} slots); the paths' states are current",
               b->ctx->device, b->pqp->qp_num, dropped, Mailbox::kSlots);
   return n + dropped;

@@ -1,7 +1,6 @@
 // Posting: a WR onto a path (keys mirrored for another rail), fences, the held queue, owed completions and SHUNT_SPREAD=auto's periods.
 #include "interpose/verbs/bundle/parts.h"
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "interpose/verbs/rails.h"
 
@@ -173,9 +172,8 @@ int auto_choose(Bundle* b) {
   int best = b->auto_best >= 0 ? b->auto_best : (b->auto_npb[1] < b->auto_npb[0] ? 1 : 0);
   if (b->auto_npb[1 - best] < b->auto_npb[best] * (1 - kAutoMargin)) best = 1 - best;
   if (best != b->auto_best)
-    log::info("{} QP {}: SHUNT_SPREAD=auto: large WRITEs {} now ({:.0f} ns/KiB split, {:.0f} ns/KiB pinned)",
-              b->ctx->device, b->pqp->qp_num, best ? "split" : "stay on the carrier", 1024 * b->auto_npb[1],
-              1024 * b->auto_npb[0]);
+    b->mail.put({Report::Kind::spread_mode, 0, best, static_cast<float>(1024 * b->auto_npb[1]),
+                 static_cast<float>(1024 * b->auto_npb[0])});
   b->auto_best = best;
   return n % kAutoExplore == 0 ? 1 - best : best;
 }

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/log.h"
 
 namespace shunt::verbs::bundle {
 
@@ -307,8 +306,7 @@ void flush_held(Bundle* b, ContextRecord* c) {  // under b->lk
       // Its post returned 0 long ago: the application learns of it as it
       // would of a WR its device failed, by an error completion, not by a
       // wait that never ends.
-      log::error("{} QP {}: a held WR could not be posted ({}); the application gets an error completion",
-                 c->device, b->pqp->qp_num, strerror(rc));
+      b->mail.put({Report::Kind::held_failed, 0, rc});
       owe(b, h, IBV_WC_LOC_QP_OP_ERR);
     }
     b->held.pop_front();

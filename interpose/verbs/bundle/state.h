@@ -223,26 +223,35 @@ class SpinLock {
   std::atomic_flag f_ = ATOMIC_FLAG_INIT;
 };
 
-// What the completion filter (bundle_filter, inside the application's
-// ibv_poll_cq) found of a path, for one of shunt's threads to report as
-// its log line and event: the filter neither logs nor starts a thread.
-// The path's state changed at once; only the report waits.
-struct PathReport {
-  int32_t status = 0;  // a failure's: its completion's status
-  int16_t path = 0;    // kPrimary or a shadow
-  bool up = false;     // a renewed path's probe completed (else it failed)
+// What the data path found, for one of shunt's threads to report as its
+// log line and event: the completion filter (bundle_filter, inside the
+// application's ibv_poll_cq) and the posting of WRs (inside its
+// ibv_post_send) neither log nor start a thread. What changed, changed at
+// once; only the report waits.
+struct Report {
+  enum class Kind : uint8_t {
+    path_down,    // path failed; status: its completion's status
+    path_up,      // a renewed path's probe completed
+    held_failed,  // a held WR could not be posted; status: the errno (an error completion is owed)
+    spread_mode,  // SHUNT_SPREAD=auto: large WRITEs split (status 1) or stay on the carrier (0) now
+  };
+  Kind kind = Kind::path_down;
+  int16_t path = 0;    // kPrimary or a shadow (path_down, path_up)
+  int32_t status = 0;  // as the kind says
+  float split_ns_kib = 0, pinned_ns_kib = 0;  // spread_mode: what each mode cost
 };
 
 // The bundle's reports not yet made, oldest first; under Bundle::lk. Its
 // size is fixed (it lives as long as the application's QP): a report that
 // finds it full is dropped and only counted, and the reader reports the
 // count in one line. A path reports at most twice between two renewals
-// (its probe completes, it fails), so only a worker that has stopped
+// (its probe completes, it fails), and the rest are rarer (a held WR whose
+// post failed, a change of spread mode), so only a worker that has stopped
 // reading lets it fill.
 class Mailbox {
  public:
   static constexpr size_t kSlots = 64;
-  void put(const PathReport& r) {
+  void put(const Report& r) {
     if (n_ == kSlots) {
       dropped_++;
       return;
@@ -254,7 +263,7 @@ class Mailbox {
   uint64_t dropped() const { return dropped_; }
   // Moves every report into out[0..kSlots), and the count dropped since the
   // last take into *dropped; returns how many reports.
-  size_t take(PathReport* out, uint64_t* dropped) {
+  size_t take(Report* out, uint64_t* dropped) {
     size_t n = n_;
     std::copy(slot_.begin(), slot_.begin() + n, out);
     *dropped = dropped_;
@@ -264,7 +273,7 @@ class Mailbox {
   }
 
  private:
-  std::array<PathReport, kSlots> slot_{};
+  std::array<Report, kSlots> slot_{};
   size_t n_ = 0;
   uint64_t dropped_ = 0;
 };
@@ -344,7 +353,7 @@ struct Bundle {
   std::atomic<bool> active{false};
   std::atomic<bool> tracking{false};  // counting messages and keeping receives (from INIT)
   bundle::SpinLock lk;
-  bundle::Mailbox mail;  // what the completion filter found, for the worker to report
+  bundle::Mailbox mail;  // what the data path found, for the worker to report
   bool flowlet = true;  // SHUNT_SPREAD, read once at activation
   bool split = false;
   uint64_t split_min = 0;
