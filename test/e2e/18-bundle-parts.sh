@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The bundle's parts (interpose/verbs/bundle/) stay layers: each file calls
-# only the parts that parts.h lists before it (its one exception is
-# wake_worker, named there), every function parts.h offers has one owner,
-# and no file of the bundle is over 600 lines.
+# only the parts that parts.h lists before it (its two exceptions are
+# worker.cc's wake_worker and start_job, named there), every function
+# parts.h offers has one owner, every thread of the bundle starts in
+# worker.cc, and no file of the bundle is over 600 lines.
 # timeout: 30
 . "$(dirname "$0")/../lib.sh"
 python3 - "$ROOT/interpose/verbs/bundle" <<'PY' || fail "the bundle's parts call up their layers (above)"
@@ -42,10 +43,20 @@ bad = 0
 for f in files:
     text = code(os.path.join(d, f + ".cc"))
     for name, o in owner.items():
-        if o == f or layers.index(o) < layers.index(f) or name == "wake_worker":
+        if o == f or layers.index(o) < layers.index(f) or name in ("wake_worker", "start_job"):
             continue
         if re.search(r"(?<![\w.>])" + name + r"\s*\(", text):
             print(f"{f}.cc calls {name} ({o}.cc), a later part")
+            bad += 1
+# Threads: core's start_thread (or a std::thread) only in worker.cc.
+for root, _, names in os.walk(d):
+    for name in sorted(names):
+        f = os.path.relpath(os.path.join(root, name), d)
+        if f == "worker.cc" or not f.endswith((".cc", ".h")):
+            continue
+        text = code(os.path.join(d, f))
+        if re.search(r"(?<![\w.>])start_thread\s*\(|std::(thread|jthread)\b|pthread_create", text):
+            print(f"{f} starts a thread (only worker.cc does)")
             bad += 1
 for root, _, names in os.walk(d):
     for name in sorted(names):

@@ -8,7 +8,6 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "core/threads.h"
 
 namespace shunt::verbs::bundle {
 
@@ -292,7 +291,7 @@ json answer_carrier_prepare(const json& req) {
     start_give_up(b, "the receives could not move");
     return {{"error", "the receives could not move"}};
   }
-  start_thread("carrier commit watch", [b, moves] { watch_commit(b, moves); });
+  start_job("carrier commit watch", [b, moves] { watch_commit(b, moves); });
   return {{"to", to}, {"consumed", mine}, {"down", down_list(b)}};
 }
 

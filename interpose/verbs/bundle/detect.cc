@@ -14,7 +14,6 @@
 #include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
-#include "core/threads.h"
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/retransmits.h"
 
@@ -346,7 +345,7 @@ void start_stall_watch() {
   if (g_watch_pid.exchange(me) == me) return;
   if (g_watch_wake >= 0) close(g_watch_wake);  // a forked child's copy of its parent's
   g_watch_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (!start_thread("stall watch", run_stall_watch)) g_watch_pid.store(0);  // the next bundle tries again
+  if (!start_job("stall watch", run_stall_watch)) g_watch_pid.store(0);  // the next bundle tries again
 }
 
 // Tells the watch that the live bundles changed; with wait, returns once

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "core/log.h"
-#include "core/threads.h"
 #include "interpose/verbs/rails.h"
 #include "core/event_log.h"
 
@@ -220,7 +219,7 @@ void give_up(Bundle* b, const std::string& why) {
 
 // give_up on a thread of its own (callers hold locks it takes).
 void start_give_up(Bundle* b, std::string why) {
-  start_thread("bundle give-up", [b, why = std::move(why)] {
+  start_job("bundle give-up", [b, why = std::move(why)] {
     std::lock_guard m(b->move_mu);  // see watch_commit
     if (alive(b)) give_up(b, why);
   });

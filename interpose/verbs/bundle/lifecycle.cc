@@ -5,7 +5,6 @@
 
 #include "core/log.h"
 #include "core/runtime.h"
-#include "core/threads.h"
 
 namespace shunt::verbs {
 
@@ -112,8 +111,8 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
       }
     }
   }
-  if (start && !start_thread("bundle setup", [b] { run_setup(b); },
-                              [b](const std::string& why) { fall_back(b, "setup failed: " + why); }))
+  if (start && !start_job("bundle setup", [b] { run_setup(b); },
+                           [b](const std::string& why) { fall_back(b, "setup failed: " + why); }))
     fall_back(b, "no thread for its setup");
 }
 

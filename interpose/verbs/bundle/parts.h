@@ -1,7 +1,8 @@
 // What each part of the bundle offers the others, by file, in the order of
-// their layers: a file calls only those listed before it, and one call goes
-// the other way, wake_worker (worker.cc: the parts below wake the failover
-// worker, and start it where its start at activation failed). lifecycle.cc,
+// their layers: a file calls only those listed before it, and two calls go
+// the other way, to worker.cc: wake_worker (the parts below wake the
+// failover worker, and start it where its start at activation failed) and
+// start_job (every thread of the bundle starts there). lifecycle.cc,
 // datapath.cc and api.cc, the top, offer only bundle.h. state.h holds the
 // types, with life.h and move.h below it (a path's life and a carrier move:
 // states, events, one pure transition each); test hooks are in testing/.
@@ -263,6 +264,14 @@ void wake_worker(Bundle* b);
 // Wakes the worker, never starts it: the data path's (bundle_filter,
 // inside the application's ibv_poll_cq), and bundle_on_destroy's.
 void signal_worker(Bundle* b);
+// Every thread of the bundle starts here (core/threads owns and joins
+// them; none is detached): the worker's, and the jobs the other parts hand
+// over that must not run on their caller's thread, because it holds locks
+// the job takes or answers a peer that waits: the set-up, a give-up, a
+// carrier move's commit watch, the process's stall watch. false: no thread
+// could be made. Any part may call it, as wake_worker.
+bool start_job(const char* what, std::function<void()> body,
+               std::function<void(const std::string&)> on_throw = nullptr);
 
 // ---- setup.cc
 void fall_back(Bundle* b, const std::string& why);

@@ -1,4 +1,5 @@
-// The failover worker: one thread per bundle that reports failures, renews paths, steers and returns them home.
+// The failover worker: one thread per bundle that reports failures, renews paths, steers and returns them home;
+// and every other thread of the bundle starts here.
 #include "interpose/verbs/bundle/parts.h"
 
 #include <unistd.h>
@@ -396,6 +397,10 @@ void wake_probed_workers() {
 
 void start_worker(Bundle* b) {
   if (!b->no_worker) launch(b);
+}
+
+bool start_job(const char* what, std::function<void()> body, std::function<void(const std::string&)> on_throw) {
+  return start_thread(what, std::move(body), std::move(on_throw));
 }
 
 void wake_worker(Bundle* b) {
