@@ -3,7 +3,8 @@
 # only the parts that parts.h lists before it (its two exceptions are
 # worker.cc's wake_worker and start_job, named there), every function
 # parts.h offers has one owner, every thread of the bundle starts in
-# worker.cc, and no file of the bundle is over 600 lines.
+# worker.cc, only its events (events.cc) log or make telemetry events, and
+# no file of the bundle is over 600 lines.
 # timeout: 30
 . "$(dirname "$0")/../lib.sh"
 python3 - "$ROOT/interpose/verbs/bundle" <<'PY' || fail "the bundle's parts call up their layers (above)"
@@ -65,7 +66,33 @@ for root, _, names in os.walk(d):
         if n > 600:
             print(f"{f}: {n} lines (600 at most)")
             bad += 1
+# What the bundle says goes through its events: no other file logs or
+# makes a telemetry event.
+events = [f for f in files if f == "events" or f.startswith("events_")]
+said = [0, 0]  # log sites, telemetry events
+for root, _, names in os.walk(d):
+    for name in sorted(names):
+        if not name.endswith(".cc"):
+            continue
+        f = os.path.relpath(os.path.join(root, name), d)[:-3]
+        path = os.path.join(d, f + ".cc")
+        text = code(path)
+        logs, evs = len(re.findall(r"\blog::", text)), len(re.findall(r"\btelemetry::event\s*\(", text))
+        n = logs + evs
+        if f in events:
+            said = [said[0] + logs, said[1] + evs]
+            continue
+        if n:
+            print(f"{f}.cc logs or makes events ({n} site{'s' if n > 1 else ''}): only {', '.join(e + '.cc' for e in events)} may")
+            bad += 1
+        for h in re.findall(r'#include "(core/(?:event_)?log\.h)"', open(path).read()):
+            print(f"{f}.cc includes {h}: only {', '.join(e + '.cc' for e in events)} may")
+            bad += 1
+if not events or not said[0]:
+    print("no events file that logs")
+    bad += 1
 print(f"{len(files)} parts, {len(owner)} functions offered, layers: {' < '.join(layers)}")
+print(f"{said[0]} log sites and {said[1]} telemetry events, all in {', '.join(e + '.cc' for e in events)}")
 sys.exit(1 if bad else 0)
 PY
-ok "the bundle's parts call only the layers before them"
+ok "the bundle's parts call only the layers before them, and only its events log"

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <fstream>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
@@ -247,9 +246,7 @@ int shared_hops_via(const std::string& sock, const std::string& local, const std
     // 300 ms): once, that is "ask again", which the caller bounds.
     if (!r && once && err.rfind("no answer", 0) == 0) return -1;
     if (!r || r->contains("error")) {
-      log::once(LogLevel::info, "route-hops",
-                "path discovery: the host agent does not answer (" + (r ? r->value("error", std::string("?")) : err) +
-                    "); each bundle sends its own datagrams");
+      event_discovery_unanswered(r ? r->value("error", std::string("?")) : err);
       return 0;
     }
     if (r->contains("ports") && r->contains("hops")) {

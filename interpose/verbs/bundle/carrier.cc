@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 
@@ -74,8 +73,7 @@ std::optional<json> ask_prepare(Bundle* b, const std::vector<int>& cand, bool pl
                        10000, &err);
   if (!prep || !prep->contains("to")) {
     if (prep) mark_down(b, b->ctx, prep->value("down", json::array()));
-    log::warn("{} QP {}: the peer did not agree on a new path yet: {}", b->ctx->device, b->pqp->qp_num,
-              prep ? prep->dump() : err);
+    event_move_refused(b, prep ? prep->dump() : err);
     if (planned) {  // the carrier is stopped: it moves as after a failure now
       std::lock_guard l(b->lk);
       b->move = next(b->move, MoveEvent::retry);
@@ -158,7 +156,7 @@ void refresh_rkeys(Bundle* b) {
   std::string err;
   auto r = ask_peer(b, request(b, Msg::rkeys, {{"want", want}}), 3000, &err);
   if (!r) {
-    log::info("{} QP {}: the peer's rkeys on its other NICs: {}", b->ctx->device, b->pqp->qp_num, err);
+    event_rkeys_unanswered(b, err);
     std::lock_guard l(b->lk);
     b->need_rkeys = true;
     return;
@@ -208,17 +206,14 @@ void return_home(Bundle* b) {
     }
   }
   if (go.empty()) return;
-  std::string err, list;
-  for (int i : go) list += (list.empty() ? "" : ", ") + std::to_string(i);
-  log::info("{} QP {}: path(s) {} back to the router discovery placed them on", b->ctx->device, b->pqp->qp_num, list);
+  std::string err;
+  event_going_home(b, go);
   auto back = renew_paths(b, go, &err, true);
   {
     std::lock_guard l(b->lk);
     b->homecomings += back.size();
   }
-  if (back.size() < go.size())
-    log::info("{} QP {}: {} of {} paths renewed on their home router ({}); the rest fail and renew as any path",
-              b->ctx->device, b->pqp->qp_num, back.size(), go.size(), err);
+  if (back.size() < go.size()) event_home_short(b, back.size(), go.size(), err);
 }
 
 json answer_carrier_down(const json& req) {

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/verbs/rails.h"
@@ -231,7 +230,7 @@ void follow_devices(std::vector<EventSource>* srcs) {
       int fl = fcntl(e.ctx->async_fd, F_GETFL);
       fcntl(e.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
     } else {
-      log::info("{}: port events are not watched (cannot open the device: {})", name, strerror(errno));
+      event_port_unwatched(name, errno);
     }
     srcs->push_back(e);  // kept even without a context: tried once
   }
@@ -250,7 +249,7 @@ void read_events(EventSource& e) {
     }
     ibv_ack_async_event(&ev);
     if (!known) continue;
-    log::info("{}: {} on port {}", e.device, ibv_event_type_str(ev.event_type), port);
+    event_port(e.device, ev.event_type, port);
     on_port_event(e.device, port, up);
   }
 }
@@ -284,7 +283,7 @@ void run_stall_watch() {
         short re = fds[k++].revents;
         if (re & POLLIN) read_events(e);
         if (re & (POLLERR | POLLHUP | POLLNVAL)) {  // the device went away: no spinning on it
-          log::info("{}: its event channel closed; port events are no longer watched", e.device);
+          event_port_channel_closed(e.device);
           e.ctx = nullptr;  // left open: the device may still be torn down under us
         }
       }

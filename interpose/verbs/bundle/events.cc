@@ -1,6 +1,8 @@
-// The bundle's events: paths down, up and renewed, carrier moves, every path stalled, and the data path's reports.
+// The bundle's events and log lines, all of them: its set-up, paths down, up and renewed, carrier moves, every path
+// stalled, the data path's reports, steering, port events. No other part of the bundle logs.
 #include "interpose/verbs/bundle/parts.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/event_log.h"
@@ -151,6 +153,156 @@ void event_renewed(Bundle* b, int i, bool probation) {
 void event_up(Bundle* b, int i) {
   report_mail(b);
   up_event(b, i);
+}
+
+void event_gave_up(Bundle* b, const std::string& why) {
+  report_mail(b);  // the failures seen before, first
+  log::error("{} QP {}: no path can carry this QP's work any more ({}); the application gets its errors",
+             b->ctx->device, b->pqp->qp_num, why);
+  telemetry::event("failover_failed",
+                   {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
+}
+
+// ---- the set-up's
+
+void event_discovery_unanswered(const std::string& why) {
+  log::once(LogLevel::info, "route-hops",
+            "path discovery: the host agent does not answer (" + why + "); each bundle sends its own datagrams");
+}
+
+void event_no_job_key() {
+  log::once(LogLevel::info, "bundle-nokey", "verbs bundles need SHUNT_JOB_KEY (the peer channel): QPs stay primary-only");
+}
+
+void event_probes_refused(size_t k, const std::string& why) {
+  log::once(LogLevel::info, "bundle-probes-" + std::to_string(k),
+            "verbs bundles: shadow paths" + (k ? " on other NICs" : std::string()) + " are not probed: " + why);
+}
+
+void event_fallback(Bundle* b, const std::string& why) {
+  log::warn("{} QP {}: bundle stays primary-only: {}", b->ctx->device, b->pqp->qp_num, why);
+  telemetry::event("bundle_fallback",
+                   {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
+}
+
+void event_active(Bundle* b) {
+  // "N shadow paths (UDP source ports ...)" counts those on the QP's own
+  // NIC; those on other NICs follow, per NIC.
+  std::string ports, others;
+  size_t own = 0, other = 0;
+  for (size_t k = 0; k < std::max<size_t>(b->rails.size(), 1); k++) {
+    std::string list;
+    for (const auto& p : b->paths)
+      if (p.rail == static_cast<int>(k)) list += (list.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+    if (k == 0) {
+      ports = list;
+    } else if (!list.empty()) {
+      others += (others.empty() ? "" : "; ") + b->rails[k].device + ": " + list;
+    }
+  }
+  for (const auto& p : b->paths) (p.rail ? other : own)++;
+  log::info("{} QP {}: bundle active with {} shadow paths (UDP source ports {}){}", b->ctx->device, b->pqp->qp_num,
+            own, ports, other ? " and " + std::to_string(other) + " on other NICs (" + others + ")" : std::string());
+  telemetry::event("bundle_setup", {{"device", static_cast<const char*>(b->ctx->device)},
+                                    {"qpn", b->pqp->qp_num},
+                                    {"paths", b->paths.size()},
+                                    {"udp_sports", ports}});
+}
+
+void event_shadows_short(Bundle* b, size_t made, int wanted, const std::string& why) {
+  log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, made, wanted, why);
+}
+
+void event_rail_shadows(Bundle* b, const std::string& device, const std::string& why) {
+  log::info("{} QP {}: shadows on {}: {}", b->ctx->device, b->pqp->qp_num, device, why.empty() ? "none" : why);
+}
+
+void event_rail_unrouted(Bundle* b, const std::string& device, const ibv_gid& gid) {
+  log::info("{} QP {}: no rail path over {}: the route to the peer's {} leaves through another NIC", b->ctx->device,
+            b->pqp->qp_num, device, gid_hex(gid));
+}
+
+void event_shadows_placed(Bundle* b, int rail, size_t n, const std::string& spread, bool for_peer) {
+  log::info("{} QP {}: rail {}: {} shadows over {}{}", b->ctx->device, b->pqp->qp_num, rail, n, spread,
+            for_peer ? " (the peer's bundle)" : "");
+}
+
+void event_shadows_hashed(Bundle* b, int rail) {
+  log::info("{} QP {}: rail {}: no router answered for its ports; the hash places them", b->ctx->device,
+            b->pqp->qp_num, rail);
+}
+
+void event_activation_answer_lost(Bundle* b) {
+  log::info("{} QP {}: the peer's answer to the activation was lost; it is active, and so is this side",
+            b->ctx->device, b->pqp->qp_num);
+}
+
+void event_stopped(Bundle* b, const std::string& why) {
+  log::warn("{} QP {}: {}; the bundle stops", b->ctx->device, b->pqp->qp_num, why);
+}
+
+// ---- failover's, the carrier's and the worker's
+
+void event_atomics_failed(Bundle* b, size_t n) {
+  log::warn("{} QP {}: {} atomic WRs were in flight on the failed path; they complete with an error (an atomic "
+            "may have executed, so it is never sent again)", b->ctx->device, b->pqp->qp_num, n);
+}
+
+void event_receive_unmoved(Bundle* b, int to, int rc) {
+  log::error("{} QP {}: a receive could not move to path {} ({})", b->ctx->device, b->pqp->qp_num, to, strerror(rc));
+}
+
+void event_move_refused(Bundle* b, const std::string& answer) {
+  log::warn("{} QP {}: the peer did not agree on a new path yet: {}", b->ctx->device, b->pqp->qp_num, answer);
+}
+
+void event_peer_unreachable(Bundle* b, const std::string& why) {
+  log::warn("{} QP {}: the peer's shim cannot be reached ({}); holding the work, asking again", b->ctx->device,
+            b->pqp->qp_num, why);
+}
+
+void event_rkeys_unanswered(Bundle* b, const std::string& why) {
+  log::info("{} QP {}: the peer's rkeys on its other NICs: {}", b->ctx->device, b->pqp->qp_num, why);
+}
+
+void event_going_home(Bundle* b, const std::vector<int>& paths) {
+  std::string list;
+  for (int i : paths) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  log::info("{} QP {}: path(s) {} back to the router discovery placed them on", b->ctx->device, b->pqp->qp_num, list);
+}
+
+void event_home_short(Bundle* b, size_t back, size_t went, const std::string& why) {
+  log::info("{} QP {}: {} of {} paths renewed on their home router ({}); the rest fail and renew as any path",
+            b->ctx->device, b->pqp->qp_num, back, went, why);
+}
+
+void event_renewal_deferred(Bundle* b, int i, const std::string& why, int64_t next_ms) {
+  log::info("{} QP {}: path {} not renewed yet ({}); next try in {} ms", b->ctx->device, b->pqp->qp_num, i, why,
+            next_ms);
+}
+
+void event_shares_steered(Bundle* b, const std::string& from, const std::string& to, uint64_t steps,
+                          const std::string& paths) {
+  telemetry::event("steer", {{"device", static_cast<const char*>(b->ctx->device)},
+                             {"qpn", b->pqp->qp_num},
+                             {"from", from},
+                             {"to", to},
+                             {"steps", steps},
+                             {"paths", paths}});
+}
+
+// ---- the watch thread's
+
+void event_port_unwatched(const std::string& device, int err) {
+  log::info("{}: port events are not watched (cannot open the device: {})", device, strerror(err));
+}
+
+void event_port(const std::string& device, ibv_event_type type, int port) {
+  log::info("{}: {} on port {}", device, ibv_event_type_str(type), port);
+}
+
+void event_port_channel_closed(const std::string& device) {
+  log::info("{}: its event channel closed; port events are no longer watched", device);
 }
 
 }  // namespace shunt::verbs::bundle

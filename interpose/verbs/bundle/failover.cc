@@ -5,9 +5,7 @@
 
 #include <cstring>
 
-#include "core/log.h"
 #include "interpose/verbs/rails.h"
-#include "core/event_log.h"
 
 namespace shunt::verbs::bundle {
 
@@ -33,9 +31,7 @@ size_t requeue(Bundle* b, int pi, size_t from) {
     b->held.push_front() = std::move(p.infl[i]);
     again++;
   }
-  if (atomics)
-    log::warn("{} QP {}: {} atomic WRs were in flight on the failed path; they complete with an error (an atomic "
-              "may have executed, so it is never sent again)", b->ctx->device, b->pqp->qp_num, atomics);
+  if (atomics) event_atomics_failed(b, atomics);
   b->replayed += again;
   p.infl.clear();
   p.signaled.clear();
@@ -124,7 +120,7 @@ int64_t move_receives(Bundle* b, int to) {
   for (size_t i = 0; i < b->recvs.size(); i++) {
     ibv_recv_wr* bad = nullptr;
     if (int rc = post_recvs_on(b, t, b->recvs[i].get(), &bad)) {
-      log::error("{} QP {}: a receive could not move to path {} ({})", b->ctx->device, b->pqp->qp_num, to, strerror(rc));
+      event_receive_unmoved(b, to, rc);
       return -1;
     }
   }
@@ -210,11 +206,7 @@ void give_up(Bundle* b, const std::string& why) {
     std::lock_guard g(b->mu);
     set_phase(b, Phase::failed, why);
   }
-  report_mail(b);  // the failures seen before, first
-  log::error("{} QP {}: no path can carry this QP's work any more ({}); the application gets its errors",
-             b->ctx->device, b->pqp->qp_num, why);
-  telemetry::event("failover_failed",
-                   {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
+  event_gave_up(b, why);  // the failures seen before, first
 }
 
 // give_up on a thread of its own (callers hold locks it takes).

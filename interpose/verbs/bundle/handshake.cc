@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
@@ -43,8 +42,7 @@ std::optional<json> place_own(Bundle* b, const std::vector<Half>& remote, int n,
       std::string spread;
       *placed = cross_order(
           pick_ports(std::move(ports), std::move(hops), want, prim, &spread));
-      if (!placed->empty())
-        log::info("{} QP {}: rail 0: {} shadows over {} (the peer's bundle)", b->ctx->device, b->pqp->qp_num, want, spread);
+      if (!placed->empty()) event_shadows_placed(b, 0, want, spread, true);
     }
   }
   return std::nullopt;

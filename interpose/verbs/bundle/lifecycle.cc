@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-#include "core/log.h"
 #include "core/runtime.h"
 
 namespace shunt::verbs {
@@ -45,8 +44,7 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
   if (!r || r->type != IBV_QPT_RC || r->shadow_of || current_mode() != Mode::active) return;
   const Config& c = config();
   if (c.num(Param::paths_per_rail) == 0 || c.str(Param::job_key).empty()) {
-    if (c.num(Param::paths_per_rail) != 0)
-      log::once(LogLevel::info, "bundle-nokey", "verbs bundles need SHUNT_JOB_KEY (the peer channel): QPs stay primary-only");
+    if (c.num(Param::paths_per_rail) != 0) event_no_job_key();
     return;
   }
   Bundle* b = r->bundle.load();
@@ -98,7 +96,7 @@ void bundle_on_modify(QpRecord* r, const ibv_qp_attr* attr, int mask) {
       std::string err;
       for (auto& p : b->paths)  // joined while the QP was at RTR
         if (!shadow_to_rts(b, p, &err)) {
-          log::warn("{} QP {}: {}; the bundle stops", b->ctx->device, b->pqp->qp_num, err);
+          event_stopped(b, err);
           b->active.store(false);
           break;
         }

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <optional>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "peer/channel.h"
@@ -145,8 +144,7 @@ bool read_paths(Bundle* b, const json& reply, std::string* err) {
       static const ibv_gid zero{};
       if (memcmp(br.rgid.raw, zero.raw, 16) == 0) {
         if (routes_through(b, p.rail, h.gid)) br.rgid = h.gid;
-        else log::info("{} QP {}: no rail path over {}: the route to the peer's {} leaves through another NIC",
-                       b->ctx->device, b->pqp->qp_num, br.device, gid_hex(h.gid));
+        else event_rail_unrouted(b, br.device, h.gid);
       }
       ok = memcmp(br.rgid.raw, h.gid.raw, 16) == 0;
     }

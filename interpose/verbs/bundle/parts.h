@@ -121,6 +121,71 @@ bool parse_gid(const std::string& hex, ibv_gid* g);
 // The side with the lower (GID, QPN) sets the bundle up; the other answers.
 bool initiates(const Bundle* b);
 
+// ---- events.cc
+// What the bundle says, in its log and its events: the only part that logs.
+void event_down(Bundle* b, const After& a);
+void event_all_stalled(Bundle* b, size_t n);
+void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false);
+void event_renewed(Bundle* b, int i, bool probation);
+void event_up(Bundle* b, int i);
+// No path carries b's work: the application gets its errors (why).
+void event_gave_up(Bundle* b, const std::string& why);
+// Reports what the completion filter left in b's mailbox, in order, as
+// event_down and event_up do; returns how many reports (dropped ones
+// included). The event_ functions above report the mailbox first; none is
+// called under b->lk. Those below take no lock: their callers may hold
+// b->mu or b->lk.
+size_t report_mail(Bundle* b);
+// The host agent did not answer path discovery (why): once a process.
+void event_discovery_unanswered(const std::string& why);
+// SHUNT_PATHS_PER_RAIL without SHUNT_JOB_KEY: once a process.
+void event_no_job_key();
+// The host agent took no probes of b's rail k's paths (why): once a process per k.
+void event_probes_refused(size_t k, const std::string& why);
+// b stays primary-only (why).
+void event_fallback(Bundle* b, const std::string& why);
+// b is active: its shadow paths' source ports, per NIC.
+void event_active(Bundle* b);
+// Fewer shadow QPs than wanted on b's own NIC (made of wanted; why).
+void event_shadows_short(Bundle* b, size_t made, int wanted, const std::string& why);
+// b's shadows on another NIC, device: none, or fewer than wanted (why).
+void event_rail_shadows(Bundle* b, const std::string& device, const std::string& why);
+// b's rail has no path over device: the route to the peer's gid leaves through another NIC.
+void event_rail_unrouted(Bundle* b, const std::string& device, const ibv_gid& gid);
+// Rail `rail`'s n shadows placed over routers (spread); for_peer: the answering end's.
+void event_shadows_placed(Bundle* b, int rail, size_t n, const std::string& spread, bool for_peer = false);
+// No router answered for rail `rail`'s ports: the hash places them.
+void event_shadows_hashed(Bundle* b, int rail);
+// The peer activated, its answer lost: this side activates too.
+void event_activation_answer_lost(Bundle* b);
+// A shadow could not go to RTS with the application's QP (why): b stops.
+void event_stopped(Bundle* b, const std::string& why);
+// n atomic WRs in flight on a failed path complete with an error.
+void event_atomics_failed(Bundle* b, size_t n);
+// A receive could not move to path `to` (rc: its errno).
+void event_receive_unmoved(Bundle* b, int to, int rc);
+// The peer did not agree on a carrier move yet (its answer, or the error).
+void event_move_refused(Bundle* b, const std::string& answer);
+// The peer's shim cannot be reached for a carrier move (why); the work is held.
+void event_peer_unreachable(Bundle* b, const std::string& why);
+// The peer did not send its rkeys on its other NICs (why).
+void event_rkeys_unanswered(Bundle* b, const std::string& why);
+// These paths are renewed onto the routers discovery placed them on (their home).
+void event_going_home(Bundle* b, const std::vector<int>& paths);
+// Only `back` of the `went` paths renewed at home (why); the rest renew as any path.
+void event_home_short(Bundle* b, size_t back, size_t went, const std::string& why);
+// Path i not renewed (why); the next try in next_ms.
+void event_renewal_deferred(Bundle* b, int i, const std::string& why, int64_t next_ms);
+// A split's shares moved by steering: from, to, the steps since the last event, the paths.
+void event_shares_steered(Bundle* b, const std::string& from, const std::string& to, uint64_t steps,
+                          const std::string& paths);
+// The port events of a device that cannot be opened (err: its errno) are not watched.
+void event_port_unwatched(const std::string& device, int err);
+// A port or device event came (port 0: the device's).
+void event_port(const std::string& device, ibv_event_type type, int port);
+// A device's event channel closed: its port events are no longer watched.
+void event_port_channel_closed(const std::string& device);
+
 // ---- list.cc
 extern std::mutex g_mu;                  // the list of bundles
 extern std::vector<Bundle*>* g_bundles;  // never shrinks
@@ -200,18 +265,6 @@ int next_flowlet_path(Bundle* b);
 bool split(Bundle* b, ContextRecord* c, const ibv_send_wr* w, Copy* slot);
 int route(Bundle* b, ContextRecord* c, const ibv_send_wr* w);
 void flush_held(Bundle* b, ContextRecord* c);
-
-// ---- events.cc
-void event_down(Bundle* b, const After& a);
-void event_all_stalled(Bundle* b, size_t n);
-void event_moved(Bundle* b, int from, int to, const json& info, bool planned = false);
-void event_renewed(Bundle* b, int i, bool probation);
-void event_up(Bundle* b, int i);
-// Reports what the completion filter left in b's mailbox, in order, as
-// event_down and event_up do; returns how many reports (dropped ones
-// included). Every event_ function reports the mailbox first. Not under
-// b->lk.
-size_t report_mail(Bundle* b);
 
 // ---- failover.cc
 void path_failed(Bundle* b, int pi, int status, After* a, bool counted = true);

@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/verbs/path_discovery.h"
@@ -132,15 +131,14 @@ void spread_over_routers(Bundle* b) {
     std::lock_guard g(b->mu);
     if (b->dead) return;
     if (placed.empty()) {
-      log::info("{} QP {}: rail {}: no router answered for its ports; the hash places them", b->ctx->device,
-                b->pqp->qp_num, j.rail);
+      event_shadows_hashed(b, j.rail);
       continue;
     }
     for (size_t k = 0; k < placed.size() && k < j.paths.size(); k++) {
       Path& p = b->paths[j.paths[k]];
       p.flow_label = placed[k].first, p.router = p.home = placed[k].second;
     }
-    log::info("{} QP {}: rail {}: {} shadows over {}", b->ctx->device, b->pqp->qp_num, j.rail, j.paths.size(), spread);
+    event_shadows_placed(b, j.rail, j.paths.size(), spread);
   }
 }
 

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "core/log.h"
 #include "peer/agent_socket.h"
 #include "peer/control.h"
 #include "interpose/verbs/rails.h"
@@ -77,9 +76,7 @@ bool register_probe_paths(Bundle* b) {
       any = true;
       continue;
     }
-    log::once(LogLevel::info, "bundle-probes-" + std::to_string(k),
-              "verbs bundles: shadow paths" + (k ? " on other NICs" : std::string()) +
-                  " are not probed: " + (r ? r->value("error", r->dump()) : err));
+    event_probes_refused(k, r ? r->value("error", r->dump()) : err);
   }
   if (!any) return false;
   std::lock_guard g(b->mu);

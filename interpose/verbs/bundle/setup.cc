@@ -10,12 +10,10 @@
 #include <fstream>
 #include <optional>
 
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "peer/channel.h"
 #include "interpose/verbs/rails.h"
-#include "core/event_log.h"
 
 namespace shunt::verbs::bundle {
 
@@ -26,9 +24,7 @@ void fall_back(Bundle* b, const std::string& why) {
     set_phase(b, Phase::primary_only, why);
     settle_prim_router(b, false);
   }
-  log::warn("{} QP {}: bundle stays primary-only: {}", b->ctx->device, b->pqp->qp_num, why);
-  telemetry::event("bundle_fallback",
-                   {{"device", static_cast<const char*>(b->ctx->device)}, {"qpn", b->pqp->qp_num}, {"reason", why}});
+  event_fallback(b, why);
 }
 
 void activate(Bundle* b) {
@@ -56,27 +52,7 @@ void activate(Bundle* b) {
     b->active.store(true, std::memory_order_release);
   }
   set_phase(b, Phase::active);
-  // "N shadow paths (UDP source ports ...)" counts those on the QP's own
-  // NIC; those on other NICs follow, per NIC.
-  std::string ports, others;
-  size_t own = 0, other = 0;
-  for (size_t k = 0; k < std::max<size_t>(b->rails.size(), 1); k++) {
-    std::string list;
-    for (const auto& p : b->paths)
-      if (p.rail == static_cast<int>(k)) list += (list.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
-    if (k == 0) {
-      ports = list;
-    } else if (!list.empty()) {
-      others += (others.empty() ? "" : "; ") + b->rails[k].device + ": " + list;
-    }
-  }
-  for (const auto& p : b->paths) (p.rail ? other : own)++;
-  log::info("{} QP {}: bundle active with {} shadow paths (UDP source ports {}){}", b->ctx->device, b->pqp->qp_num,
-            own, ports, other ? " and " + std::to_string(other) + " on other NICs (" + others + ")" : std::string());
-  telemetry::event("bundle_setup", {{"device", static_cast<const char*>(b->ctx->device)},
-                                    {"qpn", b->pqp->qp_num},
-                                    {"paths", b->paths.size()},
-                                    {"udp_sports", ports}});
+  event_active(b);
 }
 
 // Makes this process reachable for its bundles and lists the QP in the
@@ -144,16 +120,14 @@ Step make_shadows(Bundle* b, int n, std::string* err_out) {
   for (int i = 0; i < n; i++)
     if (!create_shadow(b, i, &err)) break;
   if (b->paths.empty()) return Step::failed;
-  if (static_cast<int>(b->paths.size()) < n)
-    log::info("{} QP {}: {} of {} shadow QPs ({})", b->ctx->device, b->pqp->qp_num, b->paths.size(), n, err);
+  if (static_cast<int>(b->paths.size()) < n) event_shadows_short(b, b->paths.size(), n, err);
   if (rails_wanted(b)) {
     std::string e;
     for (Rail* r : other_rails(b->ctx->device, b->gid_type)) {
       int k = add_rail(b, r, &e);
       for (int i = 0; k > 0 && i < n; i++)
         if (!create_shadow(b, static_cast<int>(b->paths.size()), &e, k)) break;
-      if (k < 0 || !e.empty())
-        log::info("{} QP {}: shadows on {}: {}", b->ctx->device, b->pqp->qp_num, r->device, e.empty() ? "none" : e);
+      if (k < 0 || !e.empty()) event_rail_shadows(b, r->device, e);
       e.clear();
     }
   }
@@ -263,8 +237,7 @@ Step activate_peer(Bundle* b, std::unique_lock<std::mutex>& g, const json& keep,
     // would refuse the peer's every move, and the peer would give the
     // application its errors at the first false failure of its carrier.
     if (!ab || ab->value("error", "") != kActiveBundle) return Step::failed;
-    log::info("{} QP {}: the peer's answer to the activation was lost; it is active, and so is this side",
-              b->ctx->device, b->pqp->qp_num);
+    event_activation_answer_lost(b);
   }
   return Step::go;
 }

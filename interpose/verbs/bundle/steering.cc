@@ -8,7 +8,6 @@
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/verbs/steer.h"
-#include "core/event_log.h"
 
 namespace shunt::verbs::bundle {
 
@@ -98,7 +97,6 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
   const auto by_port = queues_by_port(stats);
   std::string from, to, paths;
   uint64_t steps = 0;
-  uint32_t qpn = 0;
   {
     std::lock_guard l(b->lk);
     std::vector<SteerPath> sp;
@@ -119,14 +117,8 @@ void steer_tick(Bundle* b, const ProbeStats& stats) {
     b->last_steer_event_ms = now;
     paths = steer_text(b, sp, idx);
     steps = b->steer_steps;
-    qpn = b->pqp->qp_num;
   }
-  telemetry::event("steer", {{"device", static_cast<const char*>(b->ctx->device)},
-                             {"qpn", qpn},
-                             {"from", from},
-                             {"to", to},
-                             {"steps", steps},
-                             {"paths", paths}});
+  event_shares_steered(b, from, to, steps, paths);
 }
 
 namespace {

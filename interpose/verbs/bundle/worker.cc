@@ -11,7 +11,6 @@
 #include <chrono>
 
 #include "clocksync/clock_shm.h"
-#include "core/log.h"
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "core/threads.h"
@@ -179,9 +178,7 @@ void report_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
     } else if (mono_ms() - w.move_since >= w.hold) {
       give_up(b, "the peer's shim cannot be reached within SHUNT_HOLD_MS (" + std::to_string(w.hold) + " ms): " + err);
     } else {
-      if (!w.unreachable_logged)
-        log::warn("{} QP {}: the peer's shim cannot be reached ({}); holding the work, asking again", b->ctx->device,
-                  b->pqp->qp_num, err);
+      if (!w.unreachable_logged) event_peer_unreachable(b, err);
       w.unreachable_logged = true;
       std::lock_guard l(b->lk);
       if (b->carrier == carrier) b->move = next(b->move, MoveEvent::retry);
@@ -261,8 +258,7 @@ void renew_round(Bundle* b, WorkerState& w, const Round& r, int64_t now) {
     } else {
       w.backoff[i] = std::min<int64_t>(w.backoff[i] * 2, w.cap);
       w.due[i] = mono_ms() + w.backoff[i];
-      log::info("{} QP {}: path {} not renewed yet ({}); next try in {} ms", b->ctx->device, b->pqp->qp_num, i, err,
-                w.backoff[i]);
+      event_renewal_deferred(b, i, err, w.backoff[i]);
     }
   }
 }
