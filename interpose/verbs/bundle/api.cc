@@ -29,7 +29,7 @@ json bundle_json(const QpRecord& r) {
                                                                           : std::string(b->ctx->device)},
                      {"ns_per_byte", p.ns_per_byte},
                      {"remote_qpn", p.remote_qpn},
-                     {"udp_sport", 0xC000 | p.flow_label},
+                     {"udp_sport", path_sport(p)},
                      {"router", p.router},
                      {"home", p.home},
                      {"wrs", p.wrs},

@@ -40,7 +40,7 @@ void up_event(Bundle* b, int i) {
   uint32_t port;
   {
     std::lock_guard l(b->lk);
-    port = 0xC000 | b->paths[i].flow_label;
+    port = path_sport(b->paths[i]);
   }
   log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i, port);
   telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
@@ -144,7 +144,7 @@ void event_renewed(Bundle* b, int i, bool probation) {
   uint32_t port;
   {
     std::lock_guard l(b->lk);
-    port = 0xC000 | b->paths[i].flow_label;
+    port = path_sport(b->paths[i]);
   }
   log::info("{} QP {}: path {} renewed on UDP source port {}, on probation", b->ctx->device, b->pqp->qp_num, i, port);
 }
@@ -193,7 +193,7 @@ void event_active(Bundle* b) {
   for (size_t k = 0; k < std::max<size_t>(b->rails.size(), 1); k++) {
     std::string list;
     for (const auto& p : b->paths)
-      if (p.rail == static_cast<int>(k)) list += (list.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+      if (p.rail == static_cast<int>(k)) list += (list.empty() ? "" : ",") + std::to_string(path_sport(p));
     if (k == 0) {
       ports = list;
     } else if (!list.empty()) {

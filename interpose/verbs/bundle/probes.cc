@@ -44,14 +44,14 @@ bool register_probe_paths(Bundle* b) {
       for (size_t i = 0; i < b->paths.size(); i++) {
         const Path& p = b->paths[i];
         if (p.rail != static_cast<int>(k)) continue;
-        list.push_back(0xC000 | p.flow_label);
+        list.push_back(path_sport(p));
         // Spares: probed at SHUNT_SPARE_PROBE_EVERY. Not the carrier (the
         // probes are how its silent loss is found; shadows that carry a
         // split find theirs by their own ACK timeouts, about
         // SHUNT_PATH_DEAD_MS), not a failed path (its probes tell when the
         // route is back), and none where queue steering reads every path's
         // queue from its probes.
-        if (static_cast<int>(i) != b->carrier && !p.down() && !b->steer_queue) spare.push_back(0xC000 | p.flow_label);
+        if (static_cast<int>(i) != b->carrier && !p.down() && !b->steer_queue) spare.push_back(path_sport(p));
       }
       std::string local, peer;
       const ibv_gid& lg = k ? b->rails[k].lgid : b->lgid;

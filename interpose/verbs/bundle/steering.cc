@@ -31,7 +31,7 @@ int steer_paths(Bundle* b, const std::map<std::pair<int, uint32_t>, json>& by_po
   int known = 0;
   for (size_t i = 0; i < b->paths.size(); i++) {
     Path& p = b->paths[i];
-    auto it = by_port.find({p.rail, 0xC000 | p.flow_label});
+    auto it = by_port.find({p.rail, path_sport(p)});
     p.queue_known = it != by_port.end();
     if (p.queue_known) {
       p.excess_ns = it->second.value("excess_ns", 0.0);
@@ -65,7 +65,7 @@ void take_steer(Bundle* b, const std::vector<SteerPath>& sp, const std::vector<i
       Path& p = b->paths[idx[j]];
       if (p.last_move == -dir) b->steer_reversals++;
       p.last_move = dir;
-      ports += (ports.empty() ? "" : ",") + std::to_string(0xC000 | p.flow_label);
+      ports += (ports.empty() ? "" : ",") + std::to_string(path_sport(p));
     }
     return ports;
   };
@@ -79,7 +79,7 @@ std::string steer_text(Bundle* b, const std::vector<SteerPath>& sp, const std::v
   std::string paths;
   for (size_t j = 0; j < sp.size(); j++) {
     const Path& p = b->paths[idx[j]];
-    paths += fmt::format("{}{}:{:.2f}:{:.0f}{}", paths.empty() ? "" : " ", 0xC000 | p.flow_label, p.share,
+    paths += fmt::format("{}{}:{:.2f}:{:.0f}{}", paths.empty() ? "" : " ", path_sport(p), p.share,
                          p.queue_known ? p.excess_ns / 1000 : -1.0, p.congested ? ":C" : "");
   }
   return paths;
@@ -154,7 +154,7 @@ struct ViewAt {
 void fill_view(Bundle* b, const ProbeStats& stats, const ViewAt& at, CarrierView& v, int i, json& view) {
   Path& p = P(b, i);
   const int rail = i == kPrimary ? 0 : p.rail;
-  const uint32_t sport = i == kPrimary ? path_sport(p) : 0xC000 | p.flow_label;
+  const uint32_t sport = path_sport(p);
   v.path = i;
   v.usable = usable(p);
   v.own.verdict = v.usable ? probe_verdict(stats, rail, sport) : -1;
