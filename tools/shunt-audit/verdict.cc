@@ -192,10 +192,10 @@ Judged judge_backend(const std::vector<Measurement>& ms, const Thresholds& t,
   std::vector<bool> excluded(ms.size(), false);
   Judged out = judge_round(ms, t, names, excluded);
   for (int round = 0; round < 4; round++) {
-    bool more = false;
-    for (size_t i = 0; i < ms.size(); i++) more |= out.explained[i] && !excluded[i];
+    bool more = false;  // newly explained measurements leave the median
+    for (size_t i = 0; i < ms.size(); i++)
+      if (out.explained[i] && !excluded[i]) excluded[i] = more = true;
     if (!more) break;
-    for (size_t i = 0; i < ms.size(); i++) excluded[i] = excluded[i] || out.explained[i];
     Judged next = judge_round(ms, t, names, excluded);
     if (next.links.size() < out.links.size()) break;  // (a link found against a lower median stays)
     out = std::move(next);
