@@ -173,8 +173,13 @@ json answer_activate(const json& req) {
     activate(b);
     start_stall_watch();
   }
-  register_probe_paths(b);
-  start_steering(b);
+  // The agent's answer can take seconds on a busy host: not on the peer
+  // channel's thread, which every other peer's set-up waits for meanwhile
+  // (their activations timed out, and those bundles stayed primary-only).
+  start_job("bundle probes", [b] {
+    register_probe_paths(b);
+    start_steering(b);
+  });
   return {{"ok", true}};
 }
 

@@ -214,6 +214,8 @@ json kept_halves(Bundle* b) {
   return keep;
 }
 
+constexpr int kActivateTries = 3;
+
 // Asks the peer to activate with the halves it keeps; where it did not
 // answer yes, aborts it, and goes on if that says it is active already.
 // Called under b->mu, held by g: lets it go across the network and takes
@@ -221,7 +223,13 @@ json kept_halves(Bundle* b) {
 Step activate_peer(Bundle* b, std::unique_lock<std::mutex>& g, const json& keep, std::string* err_out) {
   std::string& err = *err_out;
   g.unlock();  // no bundle lock across the network
-  auto ok = ask_peer(b, request(b, Msg::activate, {{"keep", keep}}), 5000, &err);
+  // Asked again where no answer came (a busy peer; activating twice is
+  // activating once): a bundle given up here stays primary-only for good.
+  std::optional<json> ok;
+  for (int k = 0; k < kActivateTries && !ok; k++) {
+    err.clear();
+    ok = ask_peer(b, request(b, Msg::activate, {{"keep", keep}}), 5000, &err);
+  }
   if (config().num(Param::test_lose_activation) == 1) ok.reset(), err = "its answer lost (SHUNT_TEST_LOSE_ACTIVATION)";
   g.lock();
   if (b->dead) return Step::dead;
