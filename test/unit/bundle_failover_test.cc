@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/bundle/parts.h"
 #include "interpose/verbs/bundle/testing/hooks.h"
 #include "interpose/verbs/probe_ask.h"
 #include "interpose/verbs/registry.h"
@@ -271,6 +273,42 @@ TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
   EXPECT_EQ(wc[0].qp_num, 500u);
 }
 
+// A link that goes dark for less than a stall at a time, again and again:
+// each loss holds the path's work for an ACK timeout, never for a stall.
+// Three such hiccups within five stall times fail it as flapping; spread
+// out, or without the port retransmitting, they are no failure.
+TEST(Bundle, APathHeldUpThreeTimesWithinFiveStallsFailsAsFlapping) {
+  Rig r;
+  char buf[64];
+  int64_t t = 1000;
+  uint64_t id = 1;
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  // After an idle look, one SEND out for four looks (the last three find
+  // nothing more done), then done.
+  auto hiccup = [&](bool retransmits, int64_t gap) {
+    t += gap;
+    EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+    EXPECT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, id, buf), 0);
+    EXPECT_EQ(g_posted.back().qpn, 500u);  // two-sided work: on the carrier, the application's QP
+    const uint32_t q = g_posted.back().qpn;
+    const int64_t retx = retransmits ? t + 100 : -1;
+    int n = 0;
+    for (int k = 0; k < 4; k++, t += 250) n += bundle_check_stalls_for_test(r.rec, t, 2000, retx);
+    complete(q, id++);
+    r.poll();
+    return n + bundle_check_stalls_for_test(r.rec, t, 2000, retx);
+  };
+  EXPECT_EQ(hiccup(false, 250), 0);
+  EXPECT_EQ(hiccup(false, 250), 0);
+  EXPECT_EQ(hiccup(false, 250), 0);  // slow, but nothing retransmitted: no hiccup
+  EXPECT_EQ(hiccup(true, 250), 0);
+  EXPECT_EQ(hiccup(true, 9000), 0);  // the first one is out of the window by the third
+  EXPECT_EQ(hiccup(true, 9000), 0);
+  EXPECT_EQ(hiccup(true, 250), 0);
+  EXPECT_EQ(hiccup(true, 250), 1);  // three within ten seconds
+  EXPECT_EQ(bundle_json(*r.rec)["failovers"], 1);
+}
+
 // Every usable path stalled at once (queues that hold packets for seconds,
 // or a route they all share): failing them would leave nowhere to go, so
 // none fails; once one path completes again, the ones still stuck fail and
@@ -363,6 +401,46 @@ TEST(Bundle, APathRenewedIntoADeadRouteIsRenewedAgainOnceTheRouteIsBack) {
   EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);  // its stuck probe
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
   EXPECT_TRUE(bundle_renew_now_for_test(r.rec));
+}
+
+// A failure's renewal prefers the routers that paths of the bundle were
+// proven through since the failure: from the far side of a dark spine-to-
+// leaf link, that spine answers path discovery like any other.
+TEST(Bundle, ARenewalPrefersRoutersProvenSinceTheLastFailure) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  bundle_router_for_test(r.rec, 0, "s1");
+  bundle_router_for_test(r.rec, 1, "s2");
+  bundle_router_for_test(r.rec, 2, "s1");
+  using V = std::vector<std::string>;
+  EXPECT_EQ(bundle_proven_routers_for_test(r.rec, 0, {}), (V{"s1", "s2"}));  // no failure yet
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  usleep(2000);  // (a millisecond clock)
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], false}, {port[1], true}, {port[2], true}}), 1);
+  EXPECT_EQ(bundle_proven_routers_for_test(r.rec, 0, {0}), V{});  // nothing seen to work since
+  bundle_back_in_service_for_test(r.rec, 1);  // probed: its probe completes
+  bundle_back_in_service_for_test(r.rec, 2);  // probed: its probe is lost
+  complete(502, 0);
+  r.poll();
+  EXPECT_FALSE(bundle_probation_for_test(r.rec, 1));
+  EXPECT_TRUE(bundle_probation_for_test(r.rec, 2));
+  EXPECT_EQ(bundle_proven_routers_for_test(r.rec, 0, {0}), V{"s2"});
+  EXPECT_EQ(bundle_proven_routers_for_test(r.rec, 0, {0, 1}), V{});  // a path being renewed proves nothing
+  EXPECT_EQ(bundle_proven_routers_for_test(r.rec, 1, {0}), V{});     // another rail's routers
+}
+
+TEST(BundleRenewal, PicksAProvenRouterOverTheFirstAnswer) {
+  using bundle::pick_renewal;
+  const std::map<std::string, int> load{{"s1", 3}, {"s2", 1}};
+  // After a failure: the proven router's candidate, else the first that answered.
+  EXPECT_EQ(pick_renewal({"s1", "", "s2"}, "", {"s2"}, load), 2);
+  EXPECT_EQ(pick_renewal({"s1", "s1", ""}, "", {"s2"}, load), 0);
+  EXPECT_EQ(pick_renewal({"", "s1", "s2"}, "", {}, load), 1);
+  EXPECT_EQ(pick_renewal({"", "", ""}, "", {"s2"}, load), -1);
+  // Sent home: the home router's candidate, else the least loaded answer.
+  EXPECT_EQ(pick_renewal({"s2", "s1", ""}, "s1", {"s2"}, load), 1);
+  EXPECT_EQ(pick_renewal({"s1", "s3", "s2"}, "s4", {}, load), 1);
 }
 
 // A renewed path's stall clock starts at its renewal, not when the watch

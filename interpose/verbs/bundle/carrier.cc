@@ -35,6 +35,19 @@ bool move_wanted(Bundle* b, bool planned, int planned_to) {
 // tried again later (false).
 enum class MoveStep { go, done, again };
 
+// The candidates on rails where a path failed lately go last: a link that
+// flaps answers a probe while it is up, and a fault on one rail often
+// reaches more of its paths than have failed yet (a blackhole behind a
+// spine, a leaf's uplink); the other rails' routes share none of it.
+// Under b->lk.
+void failed_rails_last(Bundle* b, std::vector<int>* cand) {
+  const int64_t now = mono_ms(), window = kFlapWindows * config().num(Param::stall_ms);
+  std::stable_partition(cand->begin(), cand->end(), [&](int i) {
+    auto it = b->rail_fail_ms.find(b->paths[i].rail);
+    return it == b->rail_fail_ms.end() || now - it->second > window;
+  });
+}
+
 // The paths the carrier may move to (those answering a probe), into cand,
 // and the carrier stopped, its index into *from. Takes b->lk.
 MoveStep stop_carrier(Bundle* b, bool planned, int planned_to, std::vector<int>* cand_out, int* from_out) {
@@ -59,6 +72,8 @@ MoveStep stop_carrier(Bundle* b, bool planned, int planned_to, std::vector<int>*
     cand = answering(b, cand, 300);
     if (cand.empty()) return MoveStep::again;
   }
+  std::lock_guard l(b->lk);
+  failed_rails_last(b, &cand);
   return MoveStep::go;
 }
 
@@ -270,12 +285,13 @@ json answer_carrier_prepare(const json& req) {
   uint64_t moves;
   {
     std::lock_guard l(b->lk);
+    std::vector<int> cand;  // the first usable one, where no path failed lately if it can
     for (const auto& x : req.value("candidates", json::array()))
       if (x.is_number_integer() && x.get<int>() >= 0 && x.get<int>() < static_cast<int>(b->paths.size()) &&
-          usable(b->paths[x.get<int>()])) {
-        to = x.get<int>();
-        break;
-      }
+          usable(b->paths[x.get<int>()]))
+        cand.push_back(x.get<int>());
+    failed_rails_last(b, &cand);
+    if (!cand.empty()) to = cand.front();
     moves = b->moves;
   }
   if (to < 0) return {{"error", "none of those paths is alive here"}, {"down", down_list(b)}};

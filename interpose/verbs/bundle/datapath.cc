@@ -104,6 +104,7 @@ void on_signaled(Bundle* b, Path* p, int pi, const ibv_wc& w, Verdict* v) {
       v->report = true;
     }
     p->step(LifeEvent::probe_done);
+    p->proven_ms = mono_ms();  // (a probe's completion only: rare)
   }
   if (s.kind == kSeg && w.status == IBV_WC_SUCCESS) {  // how long the path took to carry it
     double lat = static_cast<double>(mono_ns() - s.t);

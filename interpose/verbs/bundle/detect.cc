@@ -21,23 +21,36 @@ namespace shunt::verbs::bundle {
 namespace {
 
 // The paths of b whose work has not progressed since `stall_ms` ago, with
-// a retransmission on the port since they last progressed. Under b->lk.
-// retx_ms(rail): when the port of that rail of b last retransmitted.
-// *others: whether some usable path is not among them (idle, or
-// progressing), so that failing them leaves the bundle somewhere to go.
+// a retransmission on the port since they last progressed, and (into
+// *flapping, where given) those that flap: kFlapHiccups hiccups within
+// kFlapWindows stall times. A link that goes dark for less than a stall at
+// a time, again and again, never stalls a path for good, and halves what
+// it carries (each loss waits out an ACK timeout). Under b->lk. retx_ms(rail): when
+// the port of that rail of b last retransmitted. *others: whether some
+// usable path is not among them (idle, or progressing), so that failing
+// them leaves the bundle somewhere to go.
 std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
-                               bool* others = nullptr) {
+                               bool* others = nullptr, std::vector<int>* flapping = nullptr) {
   std::vector<int> out;
   bool other = false;
   auto look = [&](Path& p, int pi) {
     if (p.down() || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
+      if (p.done != p.watch_done && p.held_looks >= kHiccupLooks && !p.probation() && retx_ms(p.rail) >= p.watch_ms) {
+        p.hiccup_at = static_cast<uint8_t>((p.hiccup_at + 1) % p.hiccups.size());
+        p.hiccups[p.hiccup_at] = now;
+      }
+      p.held_looks = 0;
       p.watch_done = p.done;
       p.watch_ms = now;
-      other |= !p.probation();
+    } else if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
+      out.push_back(pi);
       return;
+    } else if (p.held_looks < 255) {
+      p.held_looks++;
     }
-    if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) out.push_back(pi);
+    const int64_t oldest = p.hiccups[(p.hiccup_at + 1) % p.hiccups.size()];
+    if (flapping && oldest && now - oldest <= kFlapWindows * stall_ms) flapping->push_back(pi);
     else other |= !p.probation();
   };
   look(b->prim, kPrimary);
@@ -61,7 +74,10 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
     std::lock_guard l(b->lk);
-    if (!b->active.load() || b->move == Move::gave_up || stalled_paths(b, now, stall_ms, retx_ms).empty()) return 0;
+    std::vector<int> flap;
+    if (!b->active.load() || b->move == Move::gave_up ||
+        (stalled_paths(b, now, stall_ms, retx_ms, nullptr, &flap).empty() && flap.empty()))
+      return 0;
   }
   drain(b);
   After a;
@@ -70,10 +86,15 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
   {
     std::lock_guard l(b->lk);
     bool others = false;
-    std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, &others);
+    std::vector<int> flap;
+    std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, &others, &flap);
     stalled = s.size();
     if (others) {
       for (int pi : s) path_failed(b, pi, kStalled, &a);
+      for (int pi : flap) {
+        P(b, pi).hiccups.fill(0);  // (its next port starts a count of its own)
+        path_failed(b, pi, kFlapping, &a);
+      }
       flush_held(b, b->ctx);
     }
     bool all = !others && stalled;

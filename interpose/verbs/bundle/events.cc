@@ -14,14 +14,17 @@ namespace {
 
 void down_event(Bundle* b, int pi, int st) {
   int sport;
+  std::string router;
   {
     std::lock_guard l(b->lk);
     sport = static_cast<int>(path_sport(P(b, pi)));
+    router = P(b, pi).router;
   }
   const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
                     : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
                     : st == kPortDown ? "its port went down: async event"
                     : st == kProbesLost ? "its own probes are lost: silent loss on its route"
+                    : st == kFlapping   ? "flapping: its work was held up 3 times within 5 stall times"
                                        : "the peer saw it fail";
   log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
             pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
@@ -29,24 +32,29 @@ void down_event(Bundle* b, int pi, int st) {
                                  {"qpn", b->pqp->qp_num},
                                  {"path", pi},
                                  {"udp_sport", sport},
+                                 {"router", router},
                                  {"status", st >= 0            ? why
                                             : st == kStalled   ? "stalled"
                                             : st == kPortDown ? "port_down"
                                             : st == kProbesLost ? "probes_lost"
+                                            : st == kFlapping   ? "flapping"
                                                                : "peer"}});
 }
 
 void up_event(Bundle* b, int i) {
   uint32_t port;
+  std::string router;
   {
     std::lock_guard l(b->lk);
     port = path_sport(b->paths[i]);
+    router = b->paths[i].router;
   }
   log::info("{} QP {}: path {} back in service on UDP source port {}", b->ctx->device, b->pqp->qp_num, i, port);
   telemetry::event("path_up", {{"device", static_cast<const char*>(b->ctx->device)},
                                {"qpn", b->pqp->qp_num},
                                {"path", i},
-                               {"udp_sport", port}});
+                               {"udp_sport", port},
+                               {"router", router}});
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "core/mono.h"
 #include "interpose/verbs/rails.h"
 
 namespace shunt::verbs::bundle {
@@ -52,7 +53,8 @@ void path_failed(Bundle* b, int pi, int status, After* a, bool counted) {
   Path& p = P(b, pi);
   if (p.down()) return;
   p.step(LifeEvent::fail);
-  if (counted) p.fails++, b->failovers++;
+  b->fail_ms = mono_ms();
+  if (counted) p.fails++, b->failovers++, b->rail_fail_ms[p.rail] = b->fail_ms;
   a->down.emplace_back(pi, status);
   if (pi == b->carrier)
     b->move = next(b->move, MoveEvent::fail);  // two-sided work waits for the peer's agreement
@@ -102,7 +104,7 @@ int begin_move(Bundle* b, bool planned) {
     from = b->carrier;
     Path& o = P(b, from);
     if (!o.down() && planned) o.step(LifeEvent::stop);
-    else if (!o.down()) o.step(LifeEvent::fail), o.fails++, b->failovers++;
+    else if (!o.down()) o.step(LifeEvent::fail), o.fails++, b->failovers++, b->rail_fail_ms[o.rail] = b->fail_ms = mono_ms();
     b->rcarrier = kNone;
   }
   ibv_qp_attr a{};

@@ -9,7 +9,9 @@
 // Only these files include it.
 #pragma once
 #include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +91,7 @@ using ProbeStats = std::map<std::pair<int, uint32_t>, json>;
 inline constexpr int kStalled = -3;   // the stall watch
 inline constexpr int kPortDown = -4;  // a port or device event
 inline constexpr int kProbesLost = -5;  // the host agent's probes of its source port
+inline constexpr int kFlapping = -6;    // the stall watch: held up again and again, never for a whole stall
 // What a failure decided under the lock, for its caller's events after it
 // (never under the spin lock). The poll path's go to the bundle's mailbox.
 struct After {
@@ -283,6 +286,19 @@ int carrier_steer_tick(Bundle* b, const ProbeStats& stats, bool decides, json* w
 json answer_steer_view(const json& req);
 
 // ---- renewal.cc
+// Which of a renewal's candidate ports to take, by the router hops[j] that
+// candidate j was seen to take ("": none answered). Sent home (home not
+// empty): the home router's, else the answered one on the router with the
+// fewest paths (load). After a failure: one on a router in `works` (a path
+// of the bundle was proven through it since the last failure), else the
+// first answered. -1: none answered.
+int pick_renewal(const std::vector<std::string>& hops, const std::string& home, const std::set<std::string>& works,
+                 const std::map<std::string, int>& load);
+// Per rail, the routers of b's paths (the application's QP's included, the
+// paths in `skip` not) that are in service and whose probe completed since
+// a path of b last failed: their whole route to the peer works now.
+// Under b->lk.
+std::map<int, std::set<std::string>> proven_routers(Bundle* b, const std::vector<int>& skip);
 std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home);
 void probe(Bundle* b, int i);
 bool back_in_service(Bundle* b, int i);

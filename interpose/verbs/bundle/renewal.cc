@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "core/mono.h"
 #include "core/runtime.h"
@@ -23,19 +24,52 @@ uint32_t renewal_label(Bundle* b, const Path& p, int j, uint32_t salt = 0) {
 }
 
 constexpr int kRenewCandidates = 3;
+constexpr int64_t kAnswerGraceMs = 50;
 
 }  // namespace
+
+int pick_renewal(const std::vector<std::string>& hops, const std::string& home, const std::set<std::string>& works,
+                 const std::map<std::string, int>& load) {
+  const int n = static_cast<int>(hops.size());
+  for (int j = 0; j < n && !home.empty(); j++)
+    if (hops[j] == home) return j;
+  for (int j = 0; j < n && home.empty(); j++)
+    if (!hops[j].empty() && works.count(hops[j])) return j;
+  auto load_of = [&](const std::string& h) {
+    auto it = load.find(h);
+    return it == load.end() ? 0 : it->second;
+  };
+  int pick = -1;  // home is not asked for or not answering: the router with the fewest paths, or any
+  for (int j = 0; j < n; j++)
+    if (!hops[j].empty() && (pick < 0 || (!home.empty() && load_of(hops[j]) < load_of(hops[pick])))) pick = j;
+  return pick;
+}
+
+std::map<int, std::set<std::string>> proven_routers(Bundle* b, const std::vector<int>& skip) {
+  std::map<int, std::set<std::string>> works;
+  auto proven = [&](const Path& p) {
+    if (!p.router.empty() && usable(p) && p.proven_ms >= b->fail_ms) works[p.rail].insert(p.router);
+  };
+  proven(b->prim);
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (std::find(skip.begin(), skip.end(), static_cast<int>(i)) == skip.end()) proven(b->paths[i]);
+  return works;
+}
 
 // Where the next renewal of each path in `idx` goes: kRenewCandidates
 // ports each, one discovery round for all (at most SHUNT_PATH_DISCOVERY_MS:
 // the peer may be waiting for the answer). home (return_home): a port on
 // its home router if one answered, else on the router with the fewest of
-// the bundle's paths. Else (a failure) the first candidate some router
-// answered for, a fresh draw of the hash among the routers that answer:
-// discovery sees 2 hops out only, and a dark link further on (towards the
-// peer's leaf) would catch a path sent home every time. No answer: the
-// hash's. Without a home (the hash placed it at setup, or no discovery)
-// nothing is chosen. Returns the paths whose port is on their home router.
+// the bundle's paths. Else (a failure) a candidate on a router that one of
+// the bundle's paths on that rail was proven through since the last
+// failure (its probe completed: the whole route to the peer works), else
+// the first candidate some router answered for. Discovery sees 2 hops out
+// only: from the far side of a dark spine-to-leaf link, that spine answers
+// like the others, and a path sent there (home, or the first answer) fails
+// again a stall later. The router it failed on is not avoided as such: the
+// dark direction may be the peer's half. No answer: the hash's. Without a
+// home (the hash placed it at setup, or no discovery) nothing is chosen.
+// Returns the paths whose port is on their home router.
 // Not under b->lk; under b->move_mu.
 std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home) {
   const int wait_ms = static_cast<int>(config().num(Param::path_discovery_ms));
@@ -49,10 +83,12 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home
   std::map<int, std::vector<Ask>> by_rail;
   std::map<std::string, int> load;  // paths per router now
   std::map<int, std::pair<std::string, std::string>> ends;
+  std::map<int, std::set<std::string>> works;  // per rail, the routers of paths proven since the last failure
   {
     std::lock_guard g(b->mu);
     std::lock_guard l(b->lk);
     const uint32_t salt = static_cast<uint32_t>(b->rng());  // a fresh draw of candidates each round
+    if (!home) works = proven_routers(b, idx);
     for (const auto& p : b->paths)
       if (!p.router.empty()) load[p.router]++;
     for (int i : idx) {
@@ -76,12 +112,8 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home
     std::lock_guard l(b->lk);
     size_t k = 0;
     for (const auto& a : asks) {
-      int pick = -1;
-      for (int j = 0; j < kRenewCandidates && pick < 0 && home; j++)
-        if (hops[k + j] == a.home) pick = j;
-      if (pick < 0)  // home is not asked for or not answering: the router with the fewest paths, or any
-        for (int j = 0; j < kRenewCandidates; j++)
-          if (!hops[k + j].empty() && (pick < 0 || (home && load[hops[k + j]] < load[hops[k + pick]]))) pick = j;
+      std::vector<std::string> seen(hops.begin() + static_cast<long>(k), hops.begin() + static_cast<long>(k) + kRenewCandidates);
+      int pick = pick_renewal(seen, home ? a.home : std::string(), works[rail], load);
       if (pick >= 0) {
         const std::string& h = hops[k + pick];
         Path& p = b->paths[a.i];
@@ -183,6 +215,7 @@ bool back_in_service(Bundle* b, int i) {
   // before the failure, it failed the renewed path as stalled before its
   // probe could complete (the port retransmits for others throughout a fault).
   p.watch_ms = 0;  // (its next look then takes watch_done from done)
+  p.hiccups.fill(0);  // a new port: it has not flapped yet
   probe(b, i);
   return p.probation();  // (a path that cannot be probed is trusted at once)
 }
@@ -217,7 +250,9 @@ void poll_overdue_probes(Bundle* b) {
 }
 
 // Probes the candidates and returns those that answered within ms, in the
-// order they answered (shunt polls the CQs itself meanwhile).
+// order they answered (shunt polls the CQs itself meanwhile). Once one
+// answered, the others get kAnswerGraceMs more: a candidate behind the
+// fault never answers, and the move waited the whole ms for it.
 std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms) {
   {
     std::lock_guard l(b->lk);
@@ -230,7 +265,10 @@ std::vector<int> answering(Bundle* b, const std::vector<int>& cand, int ms) {
     drain(b);
     std::lock_guard l(b->lk);
     for (int i : cand)
-      if (usable(b->paths[i]) && std::find(ok.begin(), ok.end(), i) == ok.end()) ok.push_back(i);
+      if (usable(b->paths[i]) && std::find(ok.begin(), ok.end(), i) == ok.end()) {
+        if (ok.empty()) deadline = std::min(deadline, mono_ms() + kAnswerGraceMs);
+        ok.push_back(i);
+      }
   }
   return ok;
 }

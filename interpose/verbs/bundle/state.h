@@ -153,6 +153,14 @@ struct Signaled {
   int64_t t = 0;  // a segment's: when it was posted (ns)
 };
 
+// A path flaps when its work had kFlapHiccups hiccups within kFlapWindows
+// x SHUNT_STALL_MS (the stall watch): each time, kHiccupLooks looks in a
+// row found its work out and nothing more of it done, the port retransmitted,
+// and then it was done (an ACK timeout waited out, not a stall).
+inline constexpr int kFlapHiccups = 3;
+inline constexpr int64_t kFlapWindows = 5;
+inline constexpr int kHiccupLooks = 3;
+
 struct Path {
   ibv_qp* qp = nullptr;  // null once destroyed (the record stays for the stats)
   uint32_t qpn = 0;
@@ -172,9 +180,15 @@ struct Path {
   bool probation() const { return on_probation(life); }
   void step(LifeEvent e) { life = next(life, e); }
   int64_t probe_ms = 0;    // when its probe went out
+  int64_t proven_ms = 0;   // when its last probe completed (its route worked then)
   // Stall watch: the last `done` it saw, and since when it has not moved.
   uint64_t watch_done = 0;
   int64_t watch_ms = 0;
+  // Its work's hiccups (kFlapHiccups): how many looks in a row found it held,
+  // and when the last kFlapHiccups ended, a ring with the newest at hiccup_at.
+  uint8_t held_looks = 0;
+  std::array<int64_t, kFlapHiccups> hiccups{};
+  uint8_t hiccup_at = 0;
   uint32_t gen = 0;        // renewals (each with a new flow label)
   uint64_t wrs = 0, bytes = 0, fails = 0;
   // Flowlet timing: from the first WR after a drain to the next drain.
@@ -409,6 +423,8 @@ struct Bundle {
   // for it), and how many times that began.
   bool all_stalled = false;
   uint64_t all_stalled_count = 0;
+  int64_t fail_ms = 0;  // when a path last failed (a path proven since then works after it)
+  std::map<int, int64_t> rail_fail_ms;  // per rail: when a path on it last failed
   int64_t last_steer_ns = 0, last_steer_event_ms = 0;
   int64_t hops_until_ms = 0;  // the answering side: until when it waits for path discovery (0: not yet asked)
   std::deque<bundle::SplitGroup> groups;  // splits whose tails wait, oldest first

@@ -55,6 +55,13 @@ void bundle_router_for_test(QpRecord* r, int path, const std::string& router) {
   P(b, path < 0 ? kPrimary : path).router = router;
 }
 
+std::vector<std::string> bundle_proven_routers_for_test(QpRecord* r, int rail, const std::vector<int>& skip) {
+  Bundle* b = r->bundle.load();
+  std::lock_guard l(b->lk);
+  auto works = proven_routers(b, skip);
+  return {works[rail].begin(), works[rail].end()};
+}
+
 void bundle_detach_for_test(QpRecord* r) {
   Bundle* b = r->bundle.load();
   if (!b) return;

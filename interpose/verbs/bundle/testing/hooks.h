@@ -19,6 +19,9 @@ void bundle_detach_for_test(QpRecord* r);
 void bundle_spread_for_test(QpRecord* r, int spread, uint64_t split_min);
 // The router path discovery saw a path's port take (-1: the application's QP).
 void bundle_router_for_test(QpRecord* r, int path, const std::string& router);
+// The routers of the bundle's paths on a rail proven since its last failure
+// (what a failure's renewal prefers), the paths in skip left out.
+std::vector<std::string> bundle_proven_routers_for_test(QpRecord* r, int rail, const std::vector<int>& skip);
 // Where two-sided work goes: -1 the application's QP, a path, -2 moving.
 int bundle_carrier_for_test(QpRecord* r);
 // The second half of a carrier move, with the peer's count of consumed
