@@ -67,8 +67,9 @@ std::map<int, std::set<std::string>> proven_routers(Bundle* b, const std::vector
 // only: from the far side of a dark spine-to-leaf link, that spine answers
 // like the others, and a path sent there (home, or the first answer) fails
 // again a stall later. The router it failed on is not avoided as such: the
-// dark direction may be the peer's half. No answer: the hash's. Without a
-// home (the hash placed it at setup, or no discovery) nothing is chosen.
+// dark direction may be the peer's half. No answer: the hash's. A path
+// without a home (the hash placed it at setup: its routers did not answer
+// then) is sent home never, but its failure's renewal is chosen like any.
 // Returns the paths whose port is on their home router.
 // Not under b->lk; under b->move_mu.
 std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home) {
@@ -94,7 +95,7 @@ std::vector<int> renewal_ports(Bundle* b, const std::vector<int>& idx, bool home
     for (int i : idx) {
       Path& p = b->paths[i];
       p.next_label = 0;
-      if (p.home.empty() || p.rail < 0 || p.rail >= static_cast<int>(b->rails.size())) continue;
+      if ((home && p.home.empty()) || p.rail < 0 || p.rail >= static_cast<int>(b->rails.size())) continue;
       std::string lip, rip;
       if (!gid_v4(b->rails[p.rail].lgid, &lip) || !gid_v4(b->rails[p.rail].rgid, &rip)) continue;
       ends[p.rail] = {lip, rip};
