@@ -25,10 +25,11 @@ namespace {
 // *flapping, where given) those that flap: kFlapHiccups hiccups within
 // kFlapWindows stall times. A link that goes dark for less than a stall at
 // a time, again and again, never stalls a path for good, and halves what
-// it carries (each loss waits out an ACK timeout). Under b->lk. retx_ms(rail): when
-// the port of that rail of b last retransmitted. *others: whether some
-// usable path is not among them (idle, or progressing), so that failing
-// them leaves the bundle somewhere to go.
+// it carries (each loss waits out an ACK timeout). Under b->lk, within the
+// look b->looks (called twice in one look, it counts it once).
+// retx_ms(rail): when the port of that rail of b last retransmitted.
+// *others: whether some usable path is not among them (idle, or
+// progressing), so that failing them leaves the bundle somewhere to go.
 std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
                                bool* others = nullptr, std::vector<int>* flapping = nullptr) {
   std::vector<int> out;
@@ -36,18 +37,19 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
   auto look = [&](Path& p, int pi) {
     if (p.down() || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
-      if (p.done != p.watch_done && p.held_looks >= kHiccupLooks && !p.probation() && retx_ms(p.rail) >= p.watch_ms) {
+      // Done after the looks between found it held: a hiccup.
+      const uint64_t held = b->looks - p.watch_look - 1;
+      if (p.done != p.watch_done && p.watch_ms && held >= kHiccupLooks && !p.probation() &&
+          retx_ms(p.rail) >= p.watch_ms) {
         p.hiccup_at = static_cast<uint8_t>((p.hiccup_at + 1) % p.hiccups.size());
         p.hiccups[p.hiccup_at] = now;
       }
-      p.held_looks = 0;
       p.watch_done = p.done;
       p.watch_ms = now;
+      p.watch_look = b->looks;
     } else if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
       out.push_back(pi);
       return;
-    } else if (p.held_looks < 255) {
-      p.held_looks++;
     }
     const int64_t oldest = p.hiccups[(p.hiccup_at + 1) % p.hiccups.size()];
     if (flapping && oldest && now - oldest <= kFlapWindows * stall_ms) flapping->push_back(pi);
@@ -74,6 +76,7 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms) {
   {
     std::lock_guard l(b->lk);
+    b->looks++;
     std::vector<int> flap;
     if (!b->active.load() || b->move == Move::gave_up ||
         (stalled_paths(b, now, stall_ms, retx_ms, nullptr, &flap).empty() && flap.empty()))

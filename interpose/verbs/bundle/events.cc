@@ -20,11 +20,13 @@ void down_event(Bundle* b, int pi, int st) {
     sport = static_cast<int>(path_sport(P(b, pi)));
     router = P(b, pi).router;
   }
+  const std::string flap =
+      fmt::format("flapping: its work was held up {} times within {} stall times", kFlapHiccups, kFlapWindows);
   const char* why = st >= 0            ? ibv_wc_status_str(static_cast<ibv_wc_status>(st))
                     : st == kStalled   ? "stalled: nothing completed while the device retransmitted"
                     : st == kPortDown ? "its port went down: async event"
                     : st == kProbesLost ? "its own probes are lost: silent loss on its route"
-                    : st == kFlapping   ? "flapping: its work was held up 3 times within 5 stall times"
+                    : st == kFlapping   ? flap.c_str()
                                        : "the peer saw it fail";
   log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
             pi == kPrimary ? std::string("primary") : std::to_string(pi), why);

@@ -46,6 +46,14 @@ size_t requeue(Bundle* b, int pi, size_t from) {
 // executed again, and no WR the peer can observe has followed it (the fence).
 void replay_local(Bundle* b, int pi) { requeue(b, pi, 0); }
 
+// A failure that counts: the path's, the bundle's, and its rail's. Under
+// b->lk, after b->fail_ms was set.
+void count_failure(Bundle* b, Path& p) {
+  p.fails++;
+  b->failovers++;
+  b->rail_fail_ms[p.rail] = b->fail_ms;
+}
+
 }  // namespace
 
 // A path failed (an error completion on it). Under b->lk.
@@ -54,7 +62,7 @@ void path_failed(Bundle* b, int pi, int status, After* a, bool counted) {
   if (p.down()) return;
   p.step(LifeEvent::fail);
   b->fail_ms = mono_ms();
-  if (counted) p.fails++, b->failovers++, b->rail_fail_ms[p.rail] = b->fail_ms;
+  if (counted) count_failure(b, p);
   a->down.emplace_back(pi, status);
   if (pi == b->carrier)
     b->move = next(b->move, MoveEvent::fail);  // two-sided work waits for the peer's agreement
@@ -104,7 +112,7 @@ int begin_move(Bundle* b, bool planned) {
     from = b->carrier;
     Path& o = P(b, from);
     if (!o.down() && planned) o.step(LifeEvent::stop);
-    else if (!o.down()) o.step(LifeEvent::fail), o.fails++, b->failovers++, b->rail_fail_ms[o.rail] = b->fail_ms = mono_ms();
+    else if (!o.down()) o.step(LifeEvent::fail), b->fail_ms = mono_ms(), count_failure(b, o);
     b->rcarrier = kNone;
   }
   ibv_qp_attr a{};

@@ -176,10 +176,11 @@ json answer_activate(const json& req) {
   // The agent's answer can take seconds on a busy host: not on the peer
   // channel's thread, which every other peer's set-up waits for meanwhile
   // (their activations timed out, and those bundles stayed primary-only).
-  start_job("bundle probes", [b] {
+  auto probes = [b] {
     register_probe_paths(b);
     start_steering(b);
-  });
+  };
+  if (!start_job("bundle probes", probes)) probes();  // (no thread: here, late rather than never)
   return {{"ok", true}};
 }
 

@@ -31,10 +31,8 @@ constexpr int64_t kAnswerGraceMs = 50;
 int pick_renewal(const std::vector<std::string>& hops, const std::string& home, const std::set<std::string>& works,
                  const std::map<std::string, int>& load) {
   const int n = static_cast<int>(hops.size());
-  for (int j = 0; j < n && !home.empty(); j++)
-    if (hops[j] == home) return j;
-  for (int j = 0; j < n && home.empty(); j++)
-    if (!hops[j].empty() && works.count(hops[j])) return j;
+  for (int j = 0; j < n; j++)
+    if (!hops[j].empty() && (home.empty() ? works.count(hops[j]) > 0 : hops[j] == home)) return j;
   auto load_of = [&](const std::string& h) {
     auto it = load.find(h);
     return it == load.end() ? 0 : it->second;

@@ -184,9 +184,8 @@ struct Path {
   // Stall watch: the last `done` it saw, and since when it has not moved.
   uint64_t watch_done = 0;
   int64_t watch_ms = 0;
-  // Its work's hiccups (kFlapHiccups): how many looks in a row found it held,
-  // and when the last kFlapHiccups ended, a ring with the newest at hiccup_at.
-  uint8_t held_looks = 0;
+  uint64_t watch_look = 0;  // the look (Bundle::looks) that set watch_ms
+  // When its last kFlapHiccups hiccups ended, a ring with the newest at hiccup_at.
   std::array<int64_t, kFlapHiccups> hiccups{};
   uint8_t hiccup_at = 0;
   uint32_t gen = 0;        // renewals (each with a new flow label)
@@ -423,6 +422,7 @@ struct Bundle {
   // for it), and how many times that began.
   bool all_stalled = false;
   uint64_t all_stalled_count = 0;
+  uint64_t looks = 0;  // the stall watch's looks at it (check_stalls)
   int64_t fail_ms = 0;  // when a path last failed (a path proven since then works after it)
   std::map<int, int64_t> rail_fail_ms;  // per rail: when a path on it last failed
   int64_t last_steer_ns = 0, last_steer_event_ms = 0;
