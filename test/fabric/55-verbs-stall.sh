@@ -81,7 +81,7 @@ awk '$1 ~ /^[0-9]+$/ && NF >= 13 && $9 != 0 { bad = 1 } END { exit bad }' "$out"
   { cat "$out"; fail "#wrong is not 0 (or no result)"; }
 [ "$(cat $TMP/stall.rc)" = 0 ] || { cat "$TMP/stall.rank0.out" "$TMP/stall.rank1.out"; fail "the job failed with libshunt"; }
 grep -qh "stalled: nothing completed while the device retransmitted" "$TMP"/stall.rank*.out ||
-  fail "no path was failed for a stall"
+  { grep -h "failed (" "$TMP"/stall.rank*.out; fail "no path was failed for a stall"; }
 fab exec h1 -- cat /tmp/stall-stats.json > "$TMP/s0.json"
 fab exec h2 -- cat /tmp/stall-stats.json > "$TMP/s1.json"
 b() { jget "$TMP/s$1.json" "[q['bundle'] for q in d['verbs']['qps'] if q.get('bundle')][0]['$2']"; }
