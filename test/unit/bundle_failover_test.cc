@@ -309,6 +309,29 @@ TEST(Bundle, APathHeldUpThreeTimesWithinFiveStallsFailsAsFlapping) {
   EXPECT_EQ(bundle_json(*r.rec)["failovers"], 1);
 }
 
+// A rank busy elsewhere leaves its completions in the CQ: its work looks
+// held for as long, while the port retransmits for other QPs (a job's
+// start). That is no hiccup: the watch drains the CQ before it counts one.
+TEST(Bundle, CompletionsTheApplicationHasNotPolledAreNoHiccup) {
+  Rig r;
+  char buf[64];
+  int64_t t = 1000;
+  uint64_t id = 1;
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  for (int i = 0; i < 5; i++) {
+    t += 250;
+    EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+    ASSERT_EQ(r.post(IBV_WR_SEND, IBV_SEND_SIGNALED, id, buf), 0);
+    complete(g_posted.back().qpn, id);  // done at once, not polled for a second
+    for (int k = 0; k < 4; k++, t += 250) EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, t), 0);
+    auto wc = r.poll();
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].wr_id, id++);
+    EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, t), 0);
+  }
+  EXPECT_EQ(bundle_json(*r.rec)["failovers"], 0);
+}
+
 // Every usable path stalled at once (queues that hold packets for seconds,
 // or a route they all share): failing them would leave nowhere to go, so
 // none fails; once one path completes again, the ones still stuck fail and

@@ -30,26 +30,33 @@ namespace {
 // retx_ms(rail): when the port of that rail of b last retransmitted.
 // *others: whether some usable path is not among them (idle, or
 // progressing), so that failing them leaves the bundle somewhere to go.
-std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms,
-                               bool* others = nullptr, std::vector<int>* flapping = nullptr) {
+// `done` moves only as completions are polled, and a rank busy elsewhere
+// leaves them in the CQ: a hold counts as a hiccup only once a drain found
+// it (drained: this call follows one). *suspect: whether a path was held
+// for kHiccupLooks looks with no drain yet.
+std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms, bool drained,
+                               bool* others = nullptr, std::vector<int>* flapping = nullptr,
+                               bool* suspect = nullptr) {
   std::vector<int> out;
   bool other = false;
   auto look = [&](Path& p, int pi) {
     if (p.down() || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
-      // Done after the looks between found it held: a hiccup.
-      const uint64_t held = b->looks - p.watch_look - 1;
-      if (p.done != p.watch_done && p.watch_ms && held >= kHiccupLooks && !p.probation() &&
-          retx_ms(p.rail) >= p.watch_ms) {
+      // Done after the looks between found it held, a drain included: a hiccup.
+      if (p.done != p.watch_done && p.hold_drained && !p.probation() && retx_ms(p.rail) >= p.watch_ms) {
         p.hiccup_at = static_cast<uint8_t>((p.hiccup_at + 1) % p.hiccups.size());
         p.hiccups[p.hiccup_at] = now;
       }
       p.watch_done = p.done;
       p.watch_ms = now;
       p.watch_look = b->looks;
+      p.hold_drained = false;
     } else if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
       out.push_back(pi);
       return;
+    } else if (b->looks - p.watch_look >= static_cast<uint64_t>(kHiccupLooks) && retx_ms(p.rail) >= p.watch_ms) {
+      if (drained) p.hold_drained = true;
+      else if (suspect && !p.hold_drained) *suspect = true;
     }
     const int64_t oldest = p.hiccups[(p.hiccup_at + 1) % p.hiccups.size()];
     if (flapping && oldest && now - oldest <= kFlapWindows * stall_ms) flapping->push_back(pi);
@@ -78,8 +85,10 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
     std::lock_guard l(b->lk);
     b->looks++;
     std::vector<int> flap;
+    bool suspect = false;
     if (!b->active.load() || b->move == Move::gave_up ||
-        (stalled_paths(b, now, stall_ms, retx_ms, nullptr, &flap).empty() && flap.empty()))
+        (stalled_paths(b, now, stall_ms, retx_ms, false, nullptr, &flap, &suspect).empty() && flap.empty() &&
+         !suspect))
       return 0;
   }
   drain(b);
@@ -90,7 +99,7 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
     std::lock_guard l(b->lk);
     bool others = false;
     std::vector<int> flap;
-    std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, &others, &flap);
+    std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, true, &others, &flap);
     stalled = s.size();
     if (others) {
       for (int pi : s) path_failed(b, pi, kStalled, &a);

@@ -155,8 +155,9 @@ struct Signaled {
 
 // A path flaps when its work had kFlapHiccups hiccups within kFlapWindows
 // x SHUNT_STALL_MS (the stall watch): each time, kHiccupLooks looks in a
-// row found its work out and nothing more of it done, the port retransmitted,
-// and then it was done (an ACK timeout waited out, not a stall).
+// row found its work out and nothing more of it done (a drain of its CQ
+// included), the port retransmitted, and then it was done (an ACK timeout
+// waited out, not a stall).
 inline constexpr int kFlapHiccups = 3;
 inline constexpr int64_t kFlapWindows = 5;
 inline constexpr int kHiccupLooks = 3;
@@ -185,6 +186,9 @@ struct Path {
   uint64_t watch_done = 0;
   int64_t watch_ms = 0;
   uint64_t watch_look = 0;  // the look (Bundle::looks) that set watch_ms
+  // A drain found its work still held after kHiccupLooks looks: the hold
+  // is the route's, not an application that had not polled.
+  bool hold_drained = false;
   // When its last kFlapHiccups hiccups ended, a ring with the newest at hiccup_at.
   std::array<int64_t, kFlapHiccups> hiccups{};
   uint8_t hiccup_at = 0;
