@@ -453,6 +453,55 @@ TEST(Bundle, ARenewalPrefersRoutersProvenSinceTheLastFailure) {
   EXPECT_EQ(bundle_proven_routers_for_test(r.rec, 1, {0}), V{});     // another rail's routers
 }
 
+// After a failure a split goes only to the paths proven since (their probe
+// completed): a path behind the same fault would hold its segment, and the
+// message's tail with it, until its own failure is found. Until two are
+// proven nothing is split: the carrier takes the whole WRITE.
+TEST(Bundle, AfterAFailureSplitsGoOnlyToPathsProvenSince) {
+  Rig r;
+  bundle_spread_for_test(r.rec, 2, 65536);
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  static char buf[256 * 1024];
+  uint64_t id = 1;
+  // One WRITE: the QPs it went on (a split's segments, or the whole WRITE
+  // on the carrier); the segments complete and the tail follows.
+  auto write = [&] {
+    g_posted.clear();
+    EXPECT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, id, buf, sizeof buf, 0x100000 * id), 0);
+    id++;
+    std::vector<Posted> segs = g_posted;
+    std::set<uint32_t> on;
+    for (const auto& p : segs) {
+      on.insert(p.qpn);
+      if (p.qpn != 500u) complete(p.qpn, p.wr_id);
+    }
+    r.poll();
+    return on;
+  };
+  using S = std::set<uint32_t>;
+  EXPECT_EQ(write(), (S{501, 502, 503}));  // no failure yet: every shadow
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
+  usleep(2000);  // (a millisecond clock)
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], false}, {port[1], true}, {port[2], true}}), 1);
+  EXPECT_EQ(write(), S{500});  // none proven since: the carrier
+  auto prove = [&](uint32_t qpn) {
+    ASSERT_FALSE(g_posted.empty());
+    EXPECT_EQ(g_posted.back().qpn, qpn);
+    complete(qpn, g_posted.back().wr_id);
+    r.poll();
+  };
+  g_posted.clear();
+  bundle_back_in_service_for_test(r.rec, 0);  // renewed: its probe completes
+  prove(501);
+  EXPECT_FALSE(bundle_probation_for_test(r.rec, 0));
+  EXPECT_EQ(write(), S{500});  // one proven: still the carrier
+  g_posted.clear();
+  bundle_probe_for_test(r.rec, 1);
+  prove(502);
+  EXPECT_EQ(write(), (S{501, 502}));  // two proven: split there, not on the third
+}
+
 TEST(BundleRenewal, PicksAProvenRouterOverTheFirstAnswer) {
   using bundle::pick_renewal;
   const std::map<std::string, int> load{{"s1", 3}, {"s2", 1}};

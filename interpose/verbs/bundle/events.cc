@@ -140,12 +140,19 @@ void event_moved(Bundle* b, int from, int to, const json& info, bool planned) {
   log::warn("{} QP {}: two-sided work moved from {} to path {}: {} WRs replayed, {} completions owed", b->ctx->device,
             b->pqp->qp_num, from == kPrimary ? std::string("the application's QP") : "path " + std::to_string(from),
             to, info.value("replayed", 0), info.value("completed", 0));
+  // The deciding side's: how long each part took (-1 on the answering side).
+  const json took = info.value("took_ms", json::object());
   telemetry::event("failover", {{"device", static_cast<const char*>(b->ctx->device)},
                                 {"qpn", b->pqp->qp_num},
                                 {"from", from},
                                 {"to", to},
                                 {"replayed", info.value("replayed", 0)},
-                                {"completed", info.value("completed", 0)}});
+                                {"completed", info.value("completed", 0)},
+                                {"wait_ms", took.value("wait", -1)},
+                                {"stop_ms", took.value("stop", -1)},
+                                {"probe_ms", took.value("probe", -1)},
+                                {"prepare_ms", took.value("prepare", -1)},
+                                {"commit_ms", took.value("commit", -1)}});
 }
 
 void event_renewed(Bundle* b, int i, bool probation) {

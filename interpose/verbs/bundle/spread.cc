@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/mono.h"
+#include "core/runtime.h"
+
 
 namespace shunt::verbs::bundle {
 
@@ -72,11 +75,24 @@ bool may_split(Bundle* b, const ibv_send_wr* w, const Copy* slot, uint64_t* len_
 
 // The usable shadows w fits on, into on, rotated to start on the next path;
 // their count, or 0: not split (too few for the length, or auto chose pin).
-// Under b->lk.
+// After a failure, only those proven since (every path is probed then,
+// and a live one answers within a round trip): a path behind the same
+// fault holds its segment, and with it the message's tail, until its own
+// failure is found a second or more later. Until two are proven, for a
+// stall time at most, nothing is split. Under b->lk.
 int split_paths(Bundle* b, const ibv_send_wr* w, uint64_t len, int* on) {
-  int k = 0;
-  for (size_t i = 0; i < b->paths.size() && k < 64; i++)
-    if (usable(b->paths[i]) && fits(b, static_cast<int>(i), w)) on[k++] = static_cast<int>(i);
+  int k = 0, proven = 0;
+  for (size_t i = 0; i < b->paths.size() && k < 64; i++) {
+    const Path& p = b->paths[i];
+    if (!usable(p) || !fits(b, static_cast<int>(i), w)) continue;
+    on[k] = static_cast<int>(i);
+    if (p.proven_ms >= b->fail_ms) std::swap(on[proven++], on[k]);  // the proven ones first
+    k++;
+  }
+  if (b->fail_ms && proven < k) {
+    if (proven >= 2) k = proven;
+    else if (mono_ms() - b->fail_ms < config().num(Param::stall_ms)) return 0;
+  }
   k = static_cast<int>(std::min<uint64_t>(k, (len - kSplitTail) / kMinSegment));
   if (k < 2) return 0;
   if (b->spread_auto) {  // split or pin: chosen once per busy period
