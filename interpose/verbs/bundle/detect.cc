@@ -20,25 +20,41 @@ namespace shunt::verbs::bundle {
 
 namespace {
 
-// The paths of b whose work has not progressed since `stall_ms` ago, with
-// a retransmission on the port since they last progressed, and (into
-// *flapping, where given) those that flap: kFlapHiccups hiccups within
-// kFlapWindows stall times. A link that goes dark for less than a stall at
-// a time, again and again, never stalls a path for good, and halves what
-// it carries (each loss waits out an ACK timeout). Under b->lk, within the
-// look b->looks (called twice in one look, it counts it once).
-// retx_ms(rail): when the port of that rail of b last retransmitted.
-// *others: whether some usable path is not among them (idle, or
-// progressing), so that failing them leaves the bundle somewhere to go.
-// `done` moves only as completions are polled, and a rank busy elsewhere
-// leaves them in the CQ: a hold counts as a hiccup only once a drain found
-// it (drained: this call follows one). *suspect: whether a path was held
-// for kHiccupLooks looks with no drain yet.
-std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms, bool drained,
-                               bool* others = nullptr, std::vector<int>* flapping = nullptr,
-                               bool* suspect = nullptr) {
-  std::vector<int> out;
-  bool other = false;
+// What a look of the stall watch found of a bundle's paths.
+struct Looked {
+  std::vector<int> stalled;     // no progress for a stall time, the port retransmitting
+  std::vector<int> flapping;    // kFlapHiccups hiccups within kFlapWindows stall times
+  std::vector<int> unanswered;  // probed after a failure, silent while others answered
+  bool others = false;          // some usable path is none of those (idle, or progressing)
+  bool suspect = false;         // a path held for kHiccupLooks looks, no drain yet
+};
+
+// Whether a usable path of b other than pi completed a probe sent at or
+// after since_ms. Under b->lk.
+bool answered_since(Bundle* b, int pi, int64_t since_ms) {
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (static_cast<int>(i) != pi && usable(b->paths[i]) && b->paths[i].proven_ms >= since_ms) return true;
+  return false;
+}
+
+// A look at b's paths. Stalled: work that has not progressed since
+// `stall_ms` ago, with a retransmission on the port since it last
+// progressed. Flapping: a link that goes dark for less than a stall at a
+// time, again and again, never stalls a path for good, and halves what it
+// carries (each loss waits out an ACK timeout). Unanswered: after a
+// failure every path is probed; one whose probe a quarter stall later has
+// not completed, with nothing of its work completed since it went out,
+// while another path's later probe completed, sits behind the same fault
+// (a leaf's uplinks, a spine), and failing it now frees the work it holds
+// a second or more before its own probes are lost. (Not waiting for its
+// port to retransmit: with an ACK timeout of a second or more, as jobs
+// set, the first retransmission comes as late as the probes' verdict.) Under b->lk, within the look b->looks (called twice in one look,
+// it counts it once). retx_ms(rail): when the port of that rail of b last
+// retransmitted. `done` moves only as completions are polled, and a rank
+// busy elsewhere leaves them in the CQ: a hold counts as a hiccup only
+// once a drain found it (drained: this call follows one).
+Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms, bool drained) {
+  Looked out;
   auto look = [&](Path& p, int pi) {
     if (p.down() || !p.qp) return;
     if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
@@ -52,19 +68,22 @@ std::vector<int> stalled_paths(Bundle* b, int64_t now, int64_t stall_ms, const R
       p.watch_look = b->looks;
       p.hold_drained = false;
     } else if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
-      out.push_back(pi);
+      out.stalled.push_back(pi);
+      return;
+    } else if (p.probation() && p.probe_ms >= p.watch_ms && now - p.probe_ms >= stall_ms / 4 &&
+               answered_since(b, pi, p.probe_ms)) {
+      out.unanswered.push_back(pi);
       return;
     } else if (b->looks - p.watch_look >= static_cast<uint64_t>(kHiccupLooks) && retx_ms(p.rail) >= p.watch_ms) {
       if (drained) p.hold_drained = true;
-      else if (suspect && !p.hold_drained) *suspect = true;
+      else if (!p.hold_drained) out.suspect = true;
     }
     const int64_t oldest = p.hiccups[(p.hiccup_at + 1) % p.hiccups.size()];
-    if (flapping && oldest && now - oldest <= kFlapWindows * stall_ms) flapping->push_back(pi);
-    else other |= !p.probation();
+    if (oldest && now - oldest <= kFlapWindows * stall_ms) out.flapping.push_back(pi);
+    else out.others |= !p.probation();
   };
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
-  if (others) *others = other;
   return out;
 }
 
@@ -84,12 +103,9 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
   {
     std::lock_guard l(b->lk);
     b->looks++;
-    std::vector<int> flap;
-    bool suspect = false;
-    if (!b->active.load() || b->move == Move::gave_up ||
-        (stalled_paths(b, now, stall_ms, retx_ms, false, nullptr, &flap, &suspect).empty() && flap.empty() &&
-         !suspect))
-      return 0;
+    if (!b->active.load() || b->move == Move::gave_up) return 0;
+    const Looked first = look_at_paths(b, now, stall_ms, retx_ms, false);
+    if (first.stalled.empty() && first.flapping.empty() && first.unanswered.empty() && !first.suspect) return 0;
   }
   drain(b);
   After a;
@@ -97,19 +113,18 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
   bool first = false;
   {
     std::lock_guard l(b->lk);
-    bool others = false;
-    std::vector<int> flap;
-    std::vector<int> s = stalled_paths(b, now, stall_ms, retx_ms, true, &others, &flap);
-    stalled = s.size();
-    if (others) {
-      for (int pi : s) path_failed(b, pi, kStalled, &a);
-      for (int pi : flap) {
+    const Looked s = look_at_paths(b, now, stall_ms, retx_ms, true);
+    stalled = s.stalled.size();
+    if (s.others) {
+      for (int pi : s.stalled) path_failed(b, pi, kStalled, &a);
+      for (int pi : s.unanswered) path_failed(b, pi, kUnanswered, &a);
+      for (int pi : s.flapping) {
         P(b, pi).hiccups.fill(0);  // (its next port starts a count of its own)
         path_failed(b, pi, kFlapping, &a);
       }
       flush_held(b, b->ctx);
     }
-    bool all = !others && stalled;
+    bool all = !s.others && stalled;
     first = all && !b->all_stalled;
     if (first) b->all_stalled_count++;
     b->all_stalled = all;

@@ -27,6 +27,7 @@ void down_event(Bundle* b, int pi, int st) {
                     : st == kPortDown ? "its port went down: async event"
                     : st == kProbesLost ? "its own probes are lost: silent loss on its route"
                     : st == kFlapping   ? flap.c_str()
+                    : st == kUnanswered ? "unanswered: its probe after a failure went unanswered while others answered"
                                        : "the peer saw it fail";
   log::warn("{} QP {}: path {} failed ({})", b->ctx->device, b->pqp->qp_num,
             pi == kPrimary ? std::string("primary") : std::to_string(pi), why);
@@ -40,6 +41,7 @@ void down_event(Bundle* b, int pi, int st) {
                                             : st == kPortDown ? "port_down"
                                             : st == kProbesLost ? "probes_lost"
                                             : st == kFlapping   ? "flapping"
+                                            : st == kUnanswered ? "unanswered"
                                                                : "peer"}});
 }
 

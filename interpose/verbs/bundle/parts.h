@@ -92,6 +92,7 @@ inline constexpr int kStalled = -3;   // the stall watch
 inline constexpr int kPortDown = -4;  // a port or device event
 inline constexpr int kProbesLost = -5;  // the host agent's probes of its source port
 inline constexpr int kFlapping = -6;    // the stall watch: held up again and again, never for a whole stall
+inline constexpr int kUnanswered = -7;  // the stall watch: silent after a failure while other paths answered
 // What a failure decided under the lock, for its caller's events after it
 // (never under the spin lock). The poll path's go to the bundle's mailbox.
 struct After {

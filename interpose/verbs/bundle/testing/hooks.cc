@@ -140,6 +140,8 @@ void bundle_probe_for_test(QpRecord* r, int path) {
   wake_worker(b);
 }
 
+void bundle_probe_all_for_test(QpRecord* r) { probe_all(r->bundle.load()); }
+
 bool bundle_probation_for_test(QpRecord* r, int path) {
   Bundle* b = r->bundle.load();
   std::lock_guard l(b->lk);

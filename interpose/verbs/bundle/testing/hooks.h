@@ -30,6 +30,8 @@ bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
 // Shunt's probe on a path (as after a renewal), with the failover worker
 // that polls it; and whether it is still out.
 void bundle_probe_for_test(QpRecord* r, int path);
+// Shunt's probe on every usable path, as after a failure (no worker).
+void bundle_probe_all_for_test(QpRecord* r);
 bool bundle_probation_for_test(QpRecord* r, int path);
 // One look of the stall watch at the bundle, at time now_ms, with the port's
 // last retransmission at retx_ms; returns how many paths it failed.
