@@ -71,7 +71,8 @@ struct WorkerState {
   std::string shm_name;
   clocksync::ClockReader counts;  // the agent's clock segment: its count of liveness changes
   bool counts_open = false;
-  std::vector<int> reported, seen_down;
+  std::vector<int> reported;
+  int64_t probed_fail_ms = 0;  // the failure (Bundle::fail_ms) after which every path was probed
   bool unreachable_logged = false;
 };
 
@@ -80,6 +81,7 @@ struct Round {
   int steer_to = -1;  // a steering move's target (-1: none)
   json steer_why;
   bool need_move = false, gave_up = false;
+  int64_t fail_ms = 0;  // Bundle::fail_ms
   std::vector<int> down;
   std::vector<bool> unproven;  // renewed, and failed before its probe came back
   std::vector<bool> planned;   // stopped by a steering move, not failed
@@ -309,6 +311,7 @@ void run_worker(Bundle* b) {
       std::lock_guard l(b->lk);
       r.need_move = b->move == Move::needed;
       r.gave_up = b->move == Move::gave_up;
+      r.fail_ms = b->fail_ms;
       for (size_t i = 0; i < b->paths.size(); i++)
         if (b->paths[i].down() && static_cast<int>(i) != b->carrier) {
           r.down.push_back(static_cast<int>(i));
@@ -319,11 +322,12 @@ void run_worker(Bundle* b) {
     if (r.gave_up) return;
     refresh_rkeys(b);
     poll_overdue_probes(b);
-    if (r.down != w.seen_down) {  // a new failure: are the others behind the same fault?
-      bool more = false;
-      for (int i : r.down) more |= std::find(w.seen_down.begin(), w.seen_down.end(), i) == w.seen_down.end();
-      if (more) probe_all(b);
-      w.seen_down = r.down;
+    // A new failure (the application's QP's too, at both ends): are the
+    // others behind the same fault? The stall watch fails those whose
+    // probe goes unanswered while others answer.
+    if (r.fail_ms != w.probed_fail_ms) {
+      probe_all(b);
+      w.probed_fail_ms = r.fail_ms;
     }
     const int64_t now = mono_ms();
     if (!w.decides) {
