@@ -181,7 +181,8 @@ def shunt_did(j):
             # how the first path was found down: by its lost probes, its
             # port's event, a stall, a completion error, or the peer
             d["found_by"] = {"probes_lost": "its lost probes", "port_down": "port event",
-                             "stalled": "stall watch", "peer": "the peer"}.get(downs[0][1], f"completion ({downs[0][1]})")
+                             "stalled": "stall watch", "flapping": "stall watch (flapping)",
+                             "unanswered": "unanswered probe", "peer": "the peer"}.get(downs[0][1], f"completion ({downs[0][1]})")
     if healed is not None:
         ups = [t for t, e, _ in ev if e == "path_up" and t >= healed]
         # the shadows still down when the fault was healed (the
