@@ -30,10 +30,12 @@ struct Looked {
 };
 
 // Whether a usable path of b other than pi completed a probe sent at or
-// after since_ms. Under b->lk.
+// after since_ms, or work after it (the carrier is not probed). Under b->lk.
 bool answered_since(Bundle* b, int pi, int64_t since_ms) {
+  auto answered = [&](const Path& q) { return usable(q) && (q.proven_ms >= since_ms || q.progress_ms > since_ms); };
+  if (pi != kPrimary && answered(b->prim)) return true;
   for (size_t i = 0; i < b->paths.size(); i++)
-    if (static_cast<int>(i) != pi && usable(b->paths[i]) && b->paths[i].proven_ms >= since_ms) return true;
+    if (static_cast<int>(i) != pi && answered(b->paths[i])) return true;
   return false;
 }
 
@@ -63,6 +65,7 @@ Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& ret
         p.hiccup_at = static_cast<uint8_t>((p.hiccup_at + 1) % p.hiccups.size());
         p.hiccups[p.hiccup_at] = now;
       }
+      if (p.done != p.watch_done) p.progress_ms = now;
       p.watch_done = p.done;
       p.watch_ms = now;
       p.watch_look = b->looks;

@@ -225,7 +225,7 @@ bool back_in_service(Bundle* b, int i) {
 void probe_all(Bundle* b) {
   std::lock_guard l(b->lk);
   for (size_t i = 0; i < b->paths.size(); i++)
-    if (usable(b->paths[i])) probe(b, static_cast<int>(i));
+    if (usable(b->paths[i]) && static_cast<int>(i) != b->carrier) probe(b, static_cast<int>(i));
 }
 
 namespace {

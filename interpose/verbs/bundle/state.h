@@ -186,6 +186,7 @@ struct Path {
   uint64_t watch_done = 0;
   int64_t watch_ms = 0;
   uint64_t watch_look = 0;  // the look (Bundle::looks) that set watch_ms
+  int64_t progress_ms = 0;  // the last look that found more of its work done
   // A drain found its work still held after kHiccupLooks looks: the hold
   // is the route's, not an application that had not polled.
   bool hold_drained = false;

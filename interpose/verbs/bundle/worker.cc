@@ -82,6 +82,7 @@ struct Round {
   json steer_why;
   bool need_move = false, gave_up = false;
   int64_t fail_ms = 0;  // Bundle::fail_ms
+  bool moving = false;  // a move of the carrier is needed or under way
   std::vector<int> down;
   std::vector<bool> unproven;  // renewed, and failed before its probe came back
   std::vector<bool> planned;   // stopped by a steering move, not failed
@@ -312,6 +313,7 @@ void run_worker(Bundle* b) {
       r.need_move = b->move == Move::needed;
       r.gave_up = b->move == Move::gave_up;
       r.fail_ms = b->fail_ms;
+      r.moving = b->move == Move::needed || b->move == Move::moving;
       for (size_t i = 0; i < b->paths.size(); i++)
         if (b->paths[i].down() && static_cast<int>(i) != b->carrier) {
           r.down.push_back(static_cast<int>(i));
@@ -324,8 +326,11 @@ void run_worker(Bundle* b) {
     poll_overdue_probes(b);
     // A new failure (the application's QP's too, at both ends): are the
     // others behind the same fault? The stall watch fails those whose
-    // probe goes unanswered while others answer.
-    if (r.fail_ms != w.probed_fail_ms) {
+    // probe goes unanswered while others answer. Once a move of the
+    // carrier is done: a probe takes a path out of the rotation until it
+    // completes, and the move's candidates must be in it at both ends (the
+    // deciding end probes its candidates itself).
+    if (r.fail_ms != w.probed_fail_ms && !r.moving) {
       probe_all(b);
       w.probed_fail_ms = r.fail_ms;
     }
