@@ -51,8 +51,9 @@ run() {
     fab exec h1 -- "$B/bin/shuntctl" paths --interval 1100 > "$TMP/$tag.paths" 2>&1
     fab exec h1 -- "$B/bin/shuntctl" paths --json --interval 1100 > "$TMP/$tag.paths.json" 2>&1
     # the agent's metrics textfile of the live job (the last one, written
-    # after the job destroyed its QPs, has no bundle left to show)
-    fab exec h1 -- cp /tmp/$tag.prom /tmp/$tag.live.prom
+    # after the job destroyed its QPs, has no bundle left to show); read
+    # through an open file, as cp refuses a file renamed over while it copies
+    fab exec h1 -- sh -c "cat /tmp/$tag.prom > /tmp/$tag.live.prom"
     # the job runs until this is done (the fab exec calls take seconds on a busy host)
     fab exec h1 -- touch /tmp/$tag.stop
   fi
