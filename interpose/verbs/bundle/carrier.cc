@@ -48,11 +48,22 @@ void failed_rails_last(Bundle* b, std::vector<int>* cand) {
   });
 }
 
+// How long each part of a move took (ms), for its event: each lap ends one.
+struct MoveClock {
+  json took = json::object();
+  int64_t t = mono_ms();
+  void lap(const char* part) {
+    const int64_t now = mono_ms();
+    took[part] = now - t;
+    t = now;
+  }
+};
+
 // The paths the carrier may move to (those answering a probe), into cand,
-// and the carrier stopped, its index into *from; (*took)["stop"] and
-// ["probe"]: the milliseconds each part took. Takes b->lk.
+// and the carrier stopped, its index into *from; the clock's "stop" and
+// "probe" laps. Takes b->lk.
 MoveStep stop_carrier(Bundle* b, bool planned, int planned_to, std::vector<int>* cand_out, int* from_out,
-                      json* took) {
+                      MoveClock* clock) {
   std::vector<int>& cand = *cand_out;
   int& from = *from_out;
   if (planned) {
@@ -63,25 +74,19 @@ MoveStep stop_carrier(Bundle* b, bool planned, int planned_to, std::vector<int>*
       if (usable(b->paths[i])) cand.push_back(static_cast<int>(i));
   }
   if (cand.empty()) return MoveStep::again;
-  int64_t t = mono_ms();
-  auto lap = [&](const char* part) {
-    const int64_t now = mono_ms();
-    (*took)[part] = now - t;
-    t = now;
-  };
   if (planned) {
     // Before the carrier stops: a path that does not answer is no place to go.
     if (answering(b, cand, 300).empty()) return MoveStep::done;
-    lap("probe");
+    clock->lap("probe");
     from = begin_move(b, true);
-    lap("stop");
+    clock->lap("stop");
   } else {
     from = begin_move(b);
-    lap("stop");
+    clock->lap("stop");
     // Only paths that answer a probe now: a path that carried nothing since
     // the fault looks usable but may sit behind it.
     cand = answering(b, cand, 300);
-    lap("probe");
+    clock->lap("probe");
     if (cand.empty()) return MoveStep::again;
   }
   std::lock_guard l(b->lk);
@@ -113,9 +118,8 @@ std::optional<json> ask_prepare(Bundle* b, const std::vector<int>& cand, bool pl
 // The move's second half, to the path the peer chose: the receives and
 // sends moved, the peer told to commit, the move reported; where one of
 // those fails, the bundle gives up.
-void commit_move(Bundle* b, int from, const std::optional<json>& prep, bool planned, const json& why, json took,
-                 std::string* err_out) {
-  const int64_t t = mono_ms();
+void commit_move(Bundle* b, int from, const std::optional<json>& prep, bool planned, const json& why,
+                 MoveClock* clock, std::string* err_out) {
   std::string& err = *err_out;
   mark_down(b, b->ctx, prep->value("down", json::array()));
   int to = prep->value("to", -1);
@@ -140,8 +144,8 @@ void commit_move(Bundle* b, int from, const std::optional<json>& prep, bool plan
     return;
   }
   info["why"] = why;
-  took["commit"] = mono_ms() - t;
-  info["took_ms"] = took;
+  clock->lap("commit");
+  info["took_ms"] = clock->took;
   event_moved(b, from, to, info, planned);
 }
 
@@ -158,19 +162,18 @@ bool do_move(Bundle* b, int planned_to, const json& why) {
   if (!move_wanted(b, planned, planned_to)) return true;
   std::vector<int> cand;
   int from;
-  json took = json::object();
+  MoveClock clock;
   {
     std::lock_guard l(b->lk);
-    if (!planned && b->fail_ms) took["wait"] = mono_ms() - b->fail_ms;  // since the failure
+    if (!planned && b->fail_ms) clock.took["wait"] = clock.t - b->fail_ms;  // since the failure
   }
-  const MoveStep stopped = stop_carrier(b, planned, planned_to, &cand, &from, &took);
+  const MoveStep stopped = stop_carrier(b, planned, planned_to, &cand, &from, &clock);
   if (stopped != MoveStep::go) return stopped == MoveStep::done;
   std::string err;
-  const int64_t t = mono_ms();
   auto prep = ask_prepare(b, cand, planned, &err);
   if (!prep) return false;
-  took["prepare"] = mono_ms() - t;
-  commit_move(b, from, prep, planned, why, took, &err);
+  clock.lap("prepare");
+  commit_move(b, from, prep, planned, why, &clock, &err);
   return true;
 }
 

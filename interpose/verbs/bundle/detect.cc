@@ -50,8 +50,9 @@ bool answered_since(Bundle* b, int pi, int64_t since_ms) {
 // (a leaf's uplinks, a spine), and failing it now frees the work it holds
 // a second or more before its own probes are lost. (Not waiting for its
 // port to retransmit: with an ACK timeout of a second or more, as jobs
-// set, the first retransmission comes as late as the probes' verdict.) Under b->lk, within the look b->looks (called twice in one look,
-// it counts it once). retx_ms(rail): when the port of that rail of b last
+// set, the first retransmission comes as late as the probes' verdict.)
+// Under b->lk, within the look b->looks (called twice in one look, it
+// counts it once). retx_ms(rail): when the port of that rail of b last
 // retransmitted. `done` moves only as completions are polled, and a rank
 // busy elsewhere leaves them in the CQ: a hold counts as a hiccup only
 // once a drain found it (drained: this call follows one).
