@@ -173,7 +173,7 @@ $(UNIT_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(UNIT_SRCS)) $(TESTHOOK_OBJS) $(C
 # e2e 20 and 42 then find them built (the peer channel's alone took over
 # three minutes of one core when e2e 20 built it).
 test: deps
-	$(MAKE) -j$(JOBS) all $(UNIT_BIN) $(TPROG_BINS) $(TPROG_LIBS) $(FUZZ_BIN) $(PEER_FUZZ_BIN)
+	$(MAKE) -j$(JOBS) all $(UNIT_BIN) $(TPROG_BINS) $(TPROG_LIBS) $(FUZZ_BIN) $(PEER_FUZZ_BIN) $(AGENT_FUZZ_BIN)
 	test/run
 
 test-unit: $(UNIT_BIN)
