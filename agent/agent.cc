@@ -46,6 +46,13 @@ using nlohmann::json;
 // a JSON value recurses once per level.
 constexpr int kMaxDepth = 64;
 
+// Exited processes whose last reports stay in members (their series stay in
+// /metrics): beyond this many the oldest go. A job that starts processes
+// under the preload all week (data loader workers each epoch, tools run
+// from the job's shell) would otherwise grow the table, every status and
+// every scrape for good.
+constexpr size_t kMaxExited = 256;
+
 struct State {
   std::mutex mu;  // registration and start
   std::map<std::string, Handler> commands;
@@ -70,6 +77,7 @@ struct State {
   // process with 48 shadow QPs cost about a tenth of its CPU).
   int64_t own_at_ms = -1;
   uint64_t own_snapshots = 0;
+  uint64_t exited_dropped = 0;  // exited members let go (kMaxExited)
 };
 State& st() {
   static State* s = new State;  // built on first use: see log.cc
@@ -116,10 +124,37 @@ void notify(State& s, const std::string& pid, const json& snap) {
 }
 
 // A report goes into members(), then to the listeners.
+bool exited(const json& m) {
+  if (!m.is_object()) return false;
+  auto f = m.find("final");
+  return f != m.end() && f->is_boolean() && f->get<bool>();
+}
+
+// The oldest exited members (by their last report) go while more than
+// kMaxExited are kept.
+void prune_exited(State& s) {
+  size_t n = 0;
+  for (const auto& [pid, m] : s.members.items()) n += exited(m);
+  while (n > kMaxExited) {
+    std::string oldest;
+    int64_t at = INT64_MAX;
+    for (const auto& [pid, m] : s.members.items()) {
+      if (!exited(m)) continue;
+      auto r = m.find("reported_ms");
+      const int64_t t = r != m.end() && r->is_number_integer() ? r->get<int64_t>() : INT64_MIN;
+      if (oldest.empty() || t < at) oldest = pid, at = t;
+    }
+    s.members.erase(oldest);
+    s.exited_dropped++;
+    n--;
+  }
+}
+
 void stored(State& s, const std::string& pid, json snap) {
   json& at = s.members[pid];
   at = std::move(snap);
   notify(s, pid, at);
+  if (exited(s.members[pid])) prune_exited(s);
 }
 
 // Why a report is not taken ("" when it is): the fields that the agent,
@@ -230,7 +265,7 @@ json handle_request(State& s, const json& req, uid_t peer_uid) {
     for (auto& svc : s.services) services.push_back(svc.name);
     return {{"agent_pid", getpid()}, {"version", SHUNT_VERSION}, {"run_dir", s.dir},
             {"uptime_ms", mono_ms() - s.started_ms}, {"services", services}, {"members", m},
-            {"own_snapshots", s.own_snapshots}};
+            {"own_snapshots", s.own_snapshots}, {"exited_dropped", s.exited_dropped}};
   }
   if (cmd == "members") return {{"members", s.members}};
   auto it = s.commands.find(cmd);
@@ -318,6 +353,7 @@ void sweep_gone(State& s) {
     m["lost"] = true;  // no last report came
     notify(s, pid, m);
   }
+  prune_exited(s);
 }
 
 void run() {
@@ -453,6 +489,8 @@ const json& members() {
 }
 
 const json& members_as_reported() { return st().members; }
+
+uint64_t exited_dropped() { return st().exited_dropped; }
 
 void on_report(ReportListener l) {
   std::lock_guard lk(st().mu);

@@ -43,6 +43,9 @@ const nlohmann::json& members();
 // The same without taking the agent's own snapshot: the other processes'
 // latest reports (and the agent's own as last taken, if ever). Agent thread only.
 const nlohmann::json& members_as_reported();
+// Exited processes whose reports members() let go (it keeps the last 256
+// exited). Agent thread only.
+uint64_t exited_dropped();
 
 // Called on the agent thread each time a process's report has been stored
 // in members(), with its pid and that report; for the agent's own process,

@@ -274,6 +274,7 @@ HostView host_view_from(const json& a) {
   v.agent_pid = at(a, "agent_pid").is_number_integer() ? at(a, "agent_pid").get<long>() : 0;
   v.uptime_s = real(a, "uptime_s", 0.0);
   if (a.contains("diagnosis") && a["diagnosis"].is_object()) v.diagnosis = a["diagnosis"];
+  v.exited_dropped = u64(a, "exited_dropped");
   return v;
 }
 
@@ -282,7 +283,8 @@ json host_view_json(const HostView& v) {
           {"peers", v.peers},
           {"agent_pid", v.agent_pid},
           {"uptime_s", v.uptime_s},
-          {"diagnosis", v.diagnosis}};
+          {"diagnosis", v.diagnosis},
+          {"exited_dropped", v.exited_dropped}};
 }
 
 namespace {
@@ -423,7 +425,7 @@ std::string render_metrics(const HostView& v) {
     member_samples(x, m, &sockets);
   }
   x.add("shunt_processes", {{"state", "running"}}, running);
-  x.add("shunt_processes", {{"state", "exited"}}, exited);
+  x.add("shunt_processes", {{"state", "exited"}}, exited + v.exited_dropped);
   for (const char* state : {"open", "closed"})
     for (const char* role : {"client", "listener", "accepted"}) {
       auto it = sockets.find({state, role});

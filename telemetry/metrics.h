@@ -19,6 +19,7 @@ struct HostView {
   long agent_pid = 0;
   double uptime_s = 0;
   nlohmann::json diagnosis;  // Diagnoser::view() (diagnose.h), null when none
+  uint64_t exited_dropped = 0;  // exited processes no longer in members (agent::exited_dropped)
 };
 HostView host_view_from(const nlohmann::json& answer);
 nlohmann::json host_view_json(const HostView& v);

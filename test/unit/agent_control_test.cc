@@ -122,6 +122,26 @@ TEST(AgentControl, ThrowingListenerDoesNotEndTheRequest) {
   EXPECT_FALSE(member(ask(R"({"cmd":"status"})"), 170).is_null());
 }
 
+// Processes that come and go all week under the preload: the agent keeps
+// the last reports of the latest 256 that exited, counts the rest, and
+// keeps every running one.
+TEST(AgentControl, ExitedProcessesBeyondTheBoundGoOldestFirst) {
+  ASSERT_EQ(ask(R"({"cmd":"report","pid":180,"snapshot":{"mode":"observe"}})"), json({{"ok", true}}));  // running
+  const uint64_t before = ask(R"({"cmd":"status"})")["exited_dropped"].get<uint64_t>();
+  for (int pid = 200'000; pid < 200'400; pid++) {
+    json r = {{"cmd", "report"}, {"pid", pid}, {"final", true}, {"seq", 1}, {"snapshot", {{"mode", "observe"}}}};
+    ASSERT_EQ(ask(r.dump()), json({{"ok", true}})) << pid;
+  }
+  json st = ask(R"({"cmd":"status"})");
+  size_t exited = 0;
+  for (const auto& m : st["members"]) exited += m["exited"].get<bool>();
+  EXPECT_EQ(exited, 256u);
+  EXPECT_GE(st["exited_dropped"].get<uint64_t>() - before, 144u);
+  EXPECT_TRUE(member(st, 200'000).is_null()) << "the oldest went";
+  EXPECT_FALSE(member(st, 200'399).is_null()) << "the latest stays";
+  EXPECT_FALSE(member(st, 180).is_null()) << "a running process stays";
+}
+
 TEST(AgentControl, BadRequestsGetErrors) {
   for (const char* line : {"{not json", R"({"cmd":5})", R"({"cmd":"nope"})", R"([1,2])", R"("status")", ""})
     EXPECT_TRUE(ask(line).contains("error")) << line;

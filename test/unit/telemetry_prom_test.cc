@@ -96,6 +96,11 @@ TEST(TelemetryMetrics, MergesMembersWithExactValues) {
   EXPECT_TRUE(has(R"(shunt_path_tx_bytes_total{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 222)"));
   EXPECT_TRUE(has(R"(shunt_peer_clock_offset_seconds{peer="b"} 1.5e-06)"));
   EXPECT_TRUE(has(R"(shunt_build_info{version=")" SHUNT_VERSION R"("} 1)"));
+  // Exited processes the agent let go still count as exited, through the
+  // agent's answer too.
+  v.exited_dropped = 7;
+  t = render_metrics(host_view_from(host_view_json(v)));
+  EXPECT_TRUE(has(R"(shunt_processes{state="exited"} 8)")) << t;
 }
 
 // Older closed sockets come summed ("closed_sockets"): they count as many
