@@ -77,7 +77,7 @@ MICRO_BIN   := $(BUILD)/bench/micro
 MAN_STATIC  := $(wildcard man/*.[1-9])
 MAN_GEN     := $(patsubst man/%.in,$(BUILD)/man/%,$(wildcard man/*.in))
 
-.PHONY: demo config-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra demo install clean asan tsan format lint
+.PHONY: demo config-table all deps apt-deps test test-unit test-e2e test-extra bench bench-extra soak demo install clean asan tsan format lint
 all: $(SHUNT_SO) $(RDMACM_SHIM) $(TOOL_BINS) $(TOOL_SCRIPTS) $(FABRIC_PY) $(EX_BINS) $(EX_LIBS) $(MAN_GEN)
 
 -include mk/*.mk
@@ -204,6 +204,12 @@ $(MICRO_BIN): $(patsubst %.cc,$(BUILD)/obj/%.o,$(MICRO_SRCS)) $(TESTHOOK_OBJS) $
 bench: deps
 	$(MAKE) -j$(JOBS) all $(MICRO_BIN)
 	bench/run
+
+# A long job on the guests, no fault and then random faults (over 100
+# minutes with the defaults; SOAK_MINUTES, SOAK_FAULT_MINUTES, SOAK_MODES).
+soak: deps
+	$(MAKE) -j$(JOBS) all
+	bench/soak/run.sh
 
 # ---------------------------------------------------------------- install
 install: all
