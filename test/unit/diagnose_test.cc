@@ -195,7 +195,8 @@ TEST(Diagnose, IdlePairsAreNeitherSlowNorCounted) {
   for (auto& q : j.qs) q.busy = 0;
   for (int s = 0; s < 30; s++) j.second();
   EXPECT_TRUE(j.events.empty());
-  for (const auto& p : j.d.view()["pairs"]) EXPECT_TRUE(p["rate_Bps"].is_null());
+  const json v = j.d.view();  // (a range-for over view()["pairs"] read the freed temporary)
+  for (const auto& p : v["pairs"]) EXPECT_TRUE(p["rate_Bps"].is_null());
 }
 
 TEST(Diagnose, LooksFromMembersReports) {

@@ -130,14 +130,14 @@ size_t bundle_mail_for_test(QpRecord* r, uint64_t* dropped) {
 
 size_t bundle_report_mail_for_test(QpRecord* r) { return report_mail(r->bundle.load()); }
 
-void bundle_probe_for_test(QpRecord* r, int path) {
+void bundle_probe_for_test(QpRecord* r, int path, bool worker) {
   Bundle* b = r->bundle.load();
-  b->no_worker = false;  // (before the worker exists) it is what polls the probe
+  if (worker) b->no_worker = false;  // (before the worker exists) it is what polls the probe
   {
     std::lock_guard l(b->lk);
     probe(b, path);
   }
-  wake_worker(b);
+  if (worker) wake_worker(b);
 }
 
 void bundle_probe_all_for_test(QpRecord* r) { probe_all(r->bundle.load()); }

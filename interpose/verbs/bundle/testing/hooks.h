@@ -28,8 +28,10 @@ int bundle_carrier_for_test(QpRecord* r);
 // messages given: what is replayed, what completions are owed.
 bool bundle_move_sends_for_test(QpRecord* r, int to, uint64_t peer_consumed);
 // Shunt's probe on a path (as after a renewal), with the failover worker
-// that polls it; and whether it is still out.
-void bundle_probe_for_test(QpRecord* r, int path);
+// that polls it unless `worker` is false (then the test's own poll
+// completes it, and no thread posts beside the test); and whether it is
+// still out.
+void bundle_probe_for_test(QpRecord* r, int path, bool worker = true);
 // Shunt's probe on every usable path, as after a failure (no worker).
 void bundle_probe_all_for_test(QpRecord* r);
 bool bundle_probation_for_test(QpRecord* r, int path);
