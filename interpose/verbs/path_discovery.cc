@@ -48,7 +48,7 @@ std::string read_offender(int fd, bool* reached) {
 int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms, int fewest, int most) {
   const int64_t cap = start_ms + discovery_cap_ms(wait_ms);
   if (routers == 0) return start_ms + wait_ms;  // no router out there (a peer on the same switch)
-  if (routers == 1 || 2 * fewest < most) return cap;
+  if (routers == 1 || (2 * fewest < most && last_new_ms - start_ms > wait_ms)) return cap;
   const int64_t grace = std::max<int64_t>(20, (last_new_ms - start_ms) / 4);
   return std::min(cap, std::max(start_ms + wait_ms, last_new_ms + grace));
 }

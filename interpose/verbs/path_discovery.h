@@ -51,12 +51,13 @@ bool hop_answer(int fd, std::string* hop);
 // carry: behind a congested spine they come late, and without a second
 // router discovery places nothing); after a router first answers, a
 // quarter of the time it took (at least 20 ms) more for the rest of its
-// burst, never past the cap; while one router has answered for fewer than
+// burst, never past the cap; where the last router heard came after
+// wait_ms (from behind a queue) and one router has answered for fewer than
 // half as many ports as another (`fewest`, `most`), up to the cap as well:
-// the rest of its burst is still coming (a queue passes the answers as the
-// datagrams reached it, and a guest's datagrams leave its NIC spread out),
-// where an even split of the ports over the routers would have answered
-// alike (a router answers a burst of about 6 per host). None at all by wait_ms: no router is out
+// the rest of that burst may still be in the queue, which passes the
+// answers as the datagrams reached it. Routers heard at once with few
+// answers have spent their ICMP budget (about 6 per host, one more a
+// second: bundles set up one after another); waiting gains nothing there. None at all by wait_ms: no router is out
 // there (the peer hangs off the same switch), no more waiting. With no
 // congestion every router answers within a millisecond or two and nothing
 // changes; on a fabric with a single router two hops out the first
