@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include "core/mono.h"
 
@@ -45,10 +46,10 @@ std::string read_offender(int fd, bool* reached) {
 }
 }  // namespace
 
-int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms, int fewest, int most) {
+int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms) {
   const int64_t cap = start_ms + discovery_cap_ms(wait_ms);
   if (routers == 0) return start_ms + wait_ms;  // no router out there (a peer on the same switch)
-  if (routers == 1 || (2 * fewest < most && last_new_ms - start_ms > wait_ms)) return cap;
+  if (routers == 1) return cap;
   const int64_t grace = std::max<int64_t>(20, (last_new_ms - start_ms) / 4);
   return std::min(cap, std::max(start_ms + wait_ms, last_new_ms + grace));
 }
@@ -103,23 +104,15 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
     of.push_back(i);
   }
   const int64_t start = mono_ms();
-  std::map<std::string, int> routers;  // answers per router
+  std::set<std::string> routers;
   int64_t last_new = start;
   size_t left = pfd.size();
-  bool last = false;
-  while (left > 0 && !last) {
+  while (left > 0) {
     int64_t now = mono_ms();
-    int fewest = 0, most = 0;
-    for (const auto& [r, n] : routers) {
-      fewest = fewest ? std::min(fewest, n) : n;
-      most = std::max(most, n);
-    }
-    int64_t end = discovery_deadline(start, wait_ms, static_cast<int>(routers.size()), last_new, fewest, most);
+    int64_t end = discovery_deadline(start, wait_ms, static_cast<int>(routers.size()), last_new);
     if (max_ms >= 0) end = std::min(end, start + max_ms);
-    // Past the deadline, one look more without waiting: answers that came
-    // while this thread was not running (a busy host) still count.
-    last = now >= end;
-    int n = poll(pfd.data(), pfd.size(), last ? 0 : static_cast<int>(end - now));
+    if (now >= end) break;
+    int n = poll(pfd.data(), pfd.size(), static_cast<int>(end - now));
     if (n <= 0) continue;
     now = mono_ms();
     for (size_t k = 0; k < pfd.size(); k++) {
@@ -130,7 +123,7 @@ std::vector<std::string> hops_of_ports(const std::string& local_ip, const std::s
         out[of[k]] = hop;
         pfd[k].fd = -1;  // done with it (poll skips negative fds)
         left--;
-        if (!hop.empty() && routers[hop]++ == 0) last_new = now;
+        if (!hop.empty() && routers.insert(hop).second) last_new = now;
       }
     }
   }

@@ -51,13 +51,7 @@ bool hop_answer(int fd, std::string* hop);
 // carry: behind a congested spine they come late, and without a second
 // router discovery places nothing); after a router first answers, a
 // quarter of the time it took (at least 20 ms) more for the rest of its
-// burst, never past the cap; where the last router heard came after
-// wait_ms (from behind a queue) and one router has answered for fewer than
-// half as many ports as another (`fewest`, `most`), up to the cap as well:
-// the rest of that burst may still be in the queue, which passes the
-// answers as the datagrams reached it. Routers heard at once with few
-// answers have spent their ICMP budget (about 6 per host, one more a
-// second: bundles set up one after another); waiting gains nothing there. None at all by wait_ms: no router is out
+// burst, never past the cap. None at all by wait_ms: no router is out
 // there (the peer hangs off the same switch), no more waiting. With no
 // congestion every router answers within a millisecond or two and nothing
 // changes; on a fabric with a single router two hops out the first
@@ -65,8 +59,7 @@ bool hop_answer(int fd, std::string* hop);
 constexpr int kDiscoveryLateFactor = 10;
 // The longest a discovery waits for answers: kDiscoveryLateFactor x wait_ms.
 constexpr int64_t discovery_cap_ms(int wait_ms) { return int64_t{kDiscoveryLateFactor} * wait_ms; }
-int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms, int fewest = 0,
-                           int most = 0);
+int64_t discovery_deadline(int64_t start_ms, int wait_ms, int routers, int64_t last_new_ms);
 
 // `want` indices into hops, spread evenly over the distinct known hops (in
 // candidate order within each), unknown ones last. Fewer than two distinct
