@@ -123,7 +123,8 @@ void notify(State& s, const std::string& pid, const json& snap) {
   }
 }
 
-// A report goes into members(), then to the listeners.
+// Whether a member's report says its process exited (its last report
+// came, or sweep_gone found it gone).
 bool exited(const json& m) {
   if (!m.is_object()) return false;
   auto f = m.find("final");
@@ -150,11 +151,12 @@ void prune_exited(State& s) {
   }
 }
 
+// A report goes into members(), then to the listeners.
 void stored(State& s, const std::string& pid, json snap) {
   json& at = s.members[pid];
   at = std::move(snap);
   notify(s, pid, at);
-  if (exited(s.members[pid])) prune_exited(s);
+  if (exited(at)) prune_exited(s);
 }
 
 // Why a report is not taken ("" when it is): the fields that the agent,
@@ -344,8 +346,8 @@ void sweep_gone(State& s) {
   const std::string own = std::to_string(getpid());
   for (auto& [pid, m] : s.members.items()) {
     if (pid == own || !m.is_object()) continue;
-    auto fin = m.find("final"), at = m.find("reported_ms");
-    if (fin != m.end() && fin->is_boolean() && fin->get<bool>()) continue;
+    if (exited(m)) continue;
+    auto at = m.find("reported_ms");
     if (at == m.end() || !at->is_number_integer() || now - at->get<int64_t>() < stale) continue;
     const long p = std::strtol(pid.c_str(), nullptr, 10);
     if (p <= 0 || p > INT_MAX || kill(static_cast<pid_t>(p), 0) == 0 || errno != ESRCH) continue;
