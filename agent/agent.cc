@@ -33,6 +33,7 @@
 #include "interpose/verbs/busy.h"
 #include "peer/agent_socket.h"
 #include "peer/control.h"
+#include "telemetry/metrics.h"
 #include "telemetry/stats_file.h"
 
 namespace shunt::agent {
@@ -78,6 +79,7 @@ struct State {
   int64_t own_at_ms = -1;
   uint64_t own_snapshots = 0;
   uint64_t exited_dropped = 0;  // exited members let go (kMaxExited)
+  json retired = json::array();  // their counters (telemetry::fold_exited)
 };
 State& st() {
   static State* s = new State;  // built on first use: see log.cc
@@ -132,7 +134,7 @@ bool exited(const json& m) {
 }
 
 // The oldest exited members (by their last report) go while more than
-// kMaxExited are kept.
+// kMaxExited are kept; their counters stay in retired.
 void prune_exited(State& s) {
   size_t n = 0;
   for (const auto& [pid, m] : s.members.items()) n += exited(m);
@@ -145,6 +147,7 @@ void prune_exited(State& s) {
       const int64_t t = r != m.end() && r->is_number_integer() ? r->get<int64_t>() : INT64_MIN;
       if (oldest.empty() || t < at) oldest = pid, at = t;
     }
+    telemetry::fold_exited(s.retired, s.members[oldest]);
     s.members.erase(oldest);
     s.exited_dropped++;
     n--;
@@ -493,6 +496,8 @@ const json& members() {
 const json& members_as_reported() { return st().members; }
 
 uint64_t exited_dropped() { return st().exited_dropped; }
+
+const json& retired() { return st().retired; }
 
 void on_report(ReportListener l) {
   std::lock_guard lk(st().mu);

@@ -46,6 +46,9 @@ const nlohmann::json& members_as_reported();
 // Exited processes whose reports members() let go (it keeps the last 256
 // exited). Agent thread only.
 uint64_t exited_dropped();
+// Their counters, summed per job and rank (telemetry::fold_exited), so the
+// metrics' counters never go backwards when a report is let go. Agent thread only.
+const nlohmann::json& retired();
 
 // Called on the agent thread each time a process's report has been stored
 // in members(), with its pid and that report; for the agent's own process,

@@ -55,6 +55,7 @@ json telemetry_command(const json&) {
   v.uptime_s = static_cast<double>(mono_ns() - g_started_ns) * 1e-9;
   v.diagnosis = diagnosis_now();
   v.exited_dropped = agent::exited_dropped();
+  v.retired = agent::retired();
   json out = host_view_json(v);
   out["event_log"] = valid_utf8(event_log_path());
   return out;

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "clocksync/engine.h"
 #include "core/runtime.h"
@@ -165,7 +166,8 @@ using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  /
 
 void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
   Labels p = proc_labels(m);
-  x.add("shunt_process_mode", with(p, {{"mode", str(m, "mode")}}), 1);
+  const bool retired = flag(m, "retired");  // fold_exited(): counters alone
+  if (!retired) x.add("shunt_process_mode", with(p, {{"mode", str(m, "mode")}}), 1);
   if (at(m, "verbs").is_object()) {
     const json& v = at(m, "verbs");
     for (auto& [call, n] : dict(v, "calls").items())
@@ -180,8 +182,10 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
       if (u64(u, "send_bytes") || u64(u, "recv_wrs") || u64(u, "completions"))
         qp_samples(x, with(p, {{"device", str(d, "device")}, {"type", "untracked"}}), u);
     }
-    x.add("shunt_qps", with(p, {{"state", "live"}}), live);
-    x.add("shunt_qps", with(p, {{"state", "destroyed"}}), dead);
+    if (!retired) {
+      x.add("shunt_qps", with(p, {{"state", "live"}}), live);
+      x.add("shunt_qps", with(p, {{"state", "destroyed"}}), dead);
+    }
   }
   // Sockets summed per role and the two ends' addresses: ports (ephemeral
   // ones) would make a series per connection.
@@ -275,6 +279,7 @@ HostView host_view_from(const json& a) {
   v.uptime_s = real(a, "uptime_s", 0.0);
   if (a.contains("diagnosis") && a["diagnosis"].is_object()) v.diagnosis = a["diagnosis"];
   v.exited_dropped = u64(a, "exited_dropped");
+  if (a.contains("retired") && a["retired"].is_array()) v.retired = a["retired"];
   return v;
 }
 
@@ -284,7 +289,8 @@ json host_view_json(const HostView& v) {
           {"agent_pid", v.agent_pid},
           {"uptime_s", v.uptime_s},
           {"diagnosis", v.diagnosis},
-          {"exited_dropped", v.exited_dropped}};
+          {"exited_dropped", v.exited_dropped},
+          {"retired", v.retired}};
 }
 
 namespace {
@@ -375,7 +381,7 @@ json paths_view(const HostView& v) {
       // An MPTCP connection's bytes go to the paths its subflows used (an
       // MPTCP connection's own addresses are its first subflow's, whichever
       // rail carries it now); a plain socket's to its two addresses.
-      for (auto& [pid, m] : v.members.items())
+      auto member = [&](const json& m) {
         for (const char* key : {"sockets", "closed_sockets"})
           for (auto& s : list(m, key)) {
             if (at(s, "paths").is_array()) {
@@ -384,6 +390,9 @@ json paths_view(const HostView& v) {
               credit(s, host_of(str(s, "local")), host_of(str(s, "peer")));
             }
           }
+      };
+      for (auto& [pid, m] : v.members.items()) member(m);
+      for (auto& m : v.retired) member(m);
       q["tx_bytes"] = tx;
       q["rx_bytes"] = rx;
       double f = real(p, "fwd_p50_ns", -1.0), r = real(p, "rev_p50_ns", -1.0);
@@ -424,6 +433,7 @@ std::string render_metrics(const HostView& v) {
     (flag(m, "final") ? exited : running)++;
     member_samples(x, m, &sockets);
   }
+  for (auto& m : v.retired) member_samples(x, m, &sockets);
   x.add("shunt_processes", {{"state", "running"}}, running);
   x.add("shunt_processes", {{"state", "exited"}}, exited + v.exited_dropped);
   for (const char* state : {"open", "closed"})
@@ -457,6 +467,126 @@ std::string render_metrics(const HostView& v) {
     x.add("shunt_path_rx_bytes_total", l, u64(p, "rx_bytes"));
   }
   return x.text();
+}
+
+namespace {
+uint64_t plus(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+void sum_field(json& into, const json& from, const char* key) { into[key] = plus(u64(into, key), u64(from, key)); }
+
+// {name: count} added name by name (new names while there is room).
+void sum_counts(json& into, const json& from) {
+  if (!into.is_object()) into = json::object();
+  if (!from.is_object()) return;
+  for (auto& [k, n] : from.items())
+    if (into.contains(k) || into.size() < kMaxRetiredKeys) into[k] = plus(u64(into, k.c_str()), count(n));
+}
+
+void fold_qp(json& into, const json& q) {
+  for (const char* k : {"send_bytes", "recv_bytes", "recv_wrs", "completions", "send_post_errors", "recv_post_errors"})
+    sum_field(into, q, k);
+  sum_counts(into["send_wrs"], dict(q, "send_wrs"));
+  sum_counts(into["errors"], dict(q, "errors"));
+}
+
+// The entries of a list by the values of some of their fields.
+class Keyed {
+ public:
+  Keyed(json& list, std::vector<const char*> fields) : list_(list), fields_(std::move(fields)) {
+    if (!list_.is_array()) list_ = json::array();
+    for (size_t i = 0; i < list_.size(); i++) {
+      std::vector<std::string> values;
+      for (const char* f : fields_) values.push_back(str(list_[i], f));
+      index_.emplace(key(values), i);
+    }
+  }
+  // The entry with these values, added when there is none and room.
+  json* get(const std::vector<std::string>& values) {
+    const std::string k = key(values);
+    if (auto it = index_.find(k); it != index_.end()) return &list_[it->second];
+    if (list_.size() >= kMaxRetiredKeys) return nullptr;
+    json e = json::object();
+    for (size_t i = 0; i < fields_.size(); i++) e[fields_[i]] = values[i];
+    index_.emplace(k, list_.size());
+    list_.push_back(std::move(e));
+    return &list_.back();
+  }
+
+ private:
+  static std::string key(const std::vector<std::string>& values) {
+    std::string k;
+    for (const auto& v : values) k += v, k += '\0';
+    return k;
+  }
+  json& list_;
+  std::vector<const char*> fields_;
+  std::map<std::string, size_t> index_;
+};
+
+// A socket end with any port, as a process writes its summed closed ones.
+std::string any_port(const std::string& addr) {
+  const std::string h = host_of(addr);
+  return h.find(':') != std::string::npos ? "[" + h + "]:*" : h + ":*";
+}
+}  // namespace
+
+void fold_exited(json& retired, const json& m) {
+  if (!retired.is_array()) retired = json::array();
+  const std::string job = str(m, "job"), rank = str(m, "rank");
+  json* r = nullptr;
+  for (auto& e : retired)
+    if (str(e, "job") == job && str(e, "rank") == rank) r = &e;
+  if (!r) {
+    if (retired.size() >= kMaxRetired) return;
+    retired.push_back({{"job", job}, {"rank", rank}, {"final", true}, {"retired", true}, {"processes", 0}});
+    r = &retired.back();
+  }
+  json& e = *r;
+  e["processes"] = u64(e, "processes") + 1;
+  if (const json& v = at(m, "verbs"); v.is_object()) {
+    json& rv = e["verbs"];
+    if (!rv.is_object()) rv = json::object();
+    sum_counts(rv["calls"], dict(v, "calls"));
+    Keyed qps(rv["qps"], {"device", "type"});
+    for (auto& q : list(v, "qps"))
+      if (json* t = qps.get({str(q, "device"), str(q, "type")})) {
+        fold_qp(*t, q);
+        (*t)["destroyed"] = true;
+      }
+    Keyed devices(rv["devices"], {"device"});
+    for (auto& d : list(v, "devices"))
+      if (json* t = devices.get({str(d, "device")})) fold_qp((*t)["untracked_qps"], at(d, "untracked_qps"));
+  }
+  // Every socket, open at the end or not, becomes a closed one summed by
+  // role and the two hosts; an MPTCP one keeps its bytes per path.
+  Keyed socks(e["closed_sockets"], {"role", "local", "peer", "kind"});
+  for (const char* key : {"sockets", "closed_sockets"}) {
+    const bool summed = key[0] == 'c';
+    for (auto& s : list(m, key)) {
+      const bool mptcp = at(s, "paths").is_array();
+      json* t = socks.get({str(s, "role"), any_port(str(s, "local")), any_port(str(s, "peer")), mptcp ? "mptcp" : "tcp"});
+      if (!t) continue;
+      (*t)["sockets"] = plus(u64(*t, "sockets"), summed ? u64(s, "sockets") : 1);
+      for (const char* k : {"tx_bytes", "rx_bytes", "accepts"}) sum_field(*t, s, k);
+      if (!mptcp) continue;
+      Keyed paths((*t)["paths"], {"local", "remote"});
+      for (auto& p : list(s, "paths"))
+        if (json* u = paths.get({str(p, "local"), str(p, "remote")}))
+          for (const char* k : {"tx_bytes", "rx_bytes"}) sum_field(*u, p, k);
+    }
+  }
+  Keyed paths(e["closed_bundle_paths"], {"device", "nic", "path"});
+  for (auto& b : list(m, "bundles"))
+    for (auto& q : list(b, "paths"))
+      if (json* t = paths.get({str(b, "device"), str(q, "nic"), str(q, "path")})) {
+        (*t)["bundles"] = u64(*t, "bundles") + 1;
+        for (const char* k : {"tx_bytes", "fails"}) sum_field(*t, q, k);
+      }
+  for (auto& q : list(m, "closed_bundle_paths"))
+    if (json* t = paths.get({str(q, "device"), str(q, "nic"), str(q, "path")}))
+      for (const char* k : {"bundles", "tx_bytes", "fails"}) sum_field(*t, q, k);
+  sum_counts(e["events"], dict(m, "events"));
+  for (const char* k : {"replays", "events_dropped"}) sum_field(e, m, k);
 }
 
 }  // namespace shunt::telemetry

@@ -129,7 +129,11 @@ TEST(AgentControl, ExitedProcessesBeyondTheBoundGoOldestFirst) {
   ASSERT_EQ(ask(R"({"cmd":"report","pid":180,"snapshot":{"mode":"observe"}})"), json({{"ok", true}}));  // running
   const uint64_t before = ask(R"({"cmd":"status"})")["exited_dropped"].get<uint64_t>();
   for (int pid = 200'000; pid < 200'400; pid++) {
-    json r = {{"cmd", "report"}, {"pid", pid}, {"final", true}, {"seq", 1}, {"snapshot", {{"mode", "observe"}}}};
+    json r = {{"cmd", "report"},
+              {"pid", pid},
+              {"final", true},
+              {"seq", 1},
+              {"snapshot", {{"mode", "observe"}, {"job", "bound"}, {"rank", "0"}, {"events", {{"failover", 1}}}}}};
     ASSERT_EQ(ask(r.dump()), json({{"ok", true}})) << pid;
   }
   json st = ask(R"({"cmd":"status"})");
@@ -140,6 +144,11 @@ TEST(AgentControl, ExitedProcessesBeyondTheBoundGoOldestFirst) {
   EXPECT_TRUE(member(st, 200'000).is_null()) << "the oldest went";
   EXPECT_FALSE(member(st, 200'399).is_null()) << "the latest stays";
   EXPECT_FALSE(member(st, 180).is_null()) << "a running process stays";
+  // What went is still counted: its counters, summed for its job and rank.
+  uint64_t failovers = 0;
+  for (const auto& r : shunt::agent::retired())
+    if (r.value("job", "") == "bound") failovers = r["events"].value("failover", uint64_t{0});
+  EXPECT_EQ(failovers, 400 - exited);
 }
 
 TEST(AgentControl, BadRequestsGetErrors) {

@@ -1,7 +1,10 @@
 // The exposition writer and the host view renderer, on synthetic reports.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "agent/agent_services.h"
 #include "clocksync/path_view.h"
@@ -120,6 +123,104 @@ TEST(TelemetryMetrics, SummedClosedSocketsKeepCountsAndBytes) {
   EXPECT_TRUE(has(R"(shunt_socket_tx_bytes_total{shunt_job="j",rank="0",role="client",local="10.0.0.1",remote="10.0.0.2"} 4111)"));
   EXPECT_TRUE(has(R"(shunt_socket_accepts_total{shunt_job="j",rank="0",local="10.0.0.1"} 9)"));
   EXPECT_TRUE(has(R"(shunt_path_tx_bytes_total{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 4111)"));
+}
+
+// Every counter sample of an exposition: series -> value.
+std::map<std::string, std::string> counters(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::set<std::string> counter_families;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream w(line.substr(7));
+      std::string name, type;
+      w >> name >> type;
+      if (type == "counter") counter_families.insert(name);
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    const std::string series = line.substr(0, sp);
+    if (counter_families.count(series.substr(0, series.find('{')))) out[series] = line.substr(sp + 1);
+  }
+  return out;
+}
+
+// An exited process whose report the agent lets go (beyond its 256) shares
+// its series with the job's other processes of the same rank (data loader
+// workers, a restarted rank): its counters stay in them through
+// fold_exited, so no counter goes backwards (Prometheus would read a reset),
+// and its gauges go with it.
+TEST(TelemetryMetrics, CountersStayWhenAnExitedProcessIsLetGo) {
+  HostView v;
+  v.members["100"] = member("0", 4096);
+  json gone = member("0", 8192);  // same job and rank, exited
+  gone["final"] = true;
+  gone["replays"] = 3;
+  gone["events_dropped"] = 2;
+  gone["verbs"]["devices"] = json::parse(R"([{"device":"rxe0","untracked_qps":{"send_bytes":70,"completions":2}}])");
+  gone["sockets"].push_back(json::parse(R"({"role":"client","local":"10.0.0.1:9","peer":"10.0.0.3:6","tx_bytes":500,
+    "rx_bytes":50,"open":true,"paths":[{"local":"10.0.0.1","remote":"10.0.0.3","tx_bytes":300,"rx_bytes":30},
+    {"local":"10.0.1.1","remote":"10.0.1.3","tx_bytes":200,"rx_bytes":20}]})"));
+  gone["closed_sockets"] = json::parse(R"([{"role":"client","local":"10.0.0.1:*","peer":"10.0.0.2:6","sockets":40,
+    "tx_bytes":4000,"rx_bytes":400,"accepts":0},{"role":"listener","local":"10.0.0.1:7","peer":"","sockets":2,
+    "tx_bytes":0,"rx_bytes":0,"accepts":9}])");
+  gone["bundles"] = json::parse(R"([{"qpn":17,"device":"rxe0","state":"up","paths":[
+    {"path":"primary","nic":"rxe0","up":true,"carrier":true,"tx_bytes":4096,"fails":1},
+    {"path":"0","nic":"rxe1","up":true,"carrier":false,"tx_bytes":65536,"fails":0}]}])");
+  gone["closed_bundle_paths"] = json::parse(R"([{"device":"rxe0","nic":"rxe1","path":"0","bundles":2,"tx_bytes":100,"fails":4}])");
+  v.members["101"] = gone;
+  v.peers = json::parse(R"([{"peer":"b","clock":{"valid":false},"paths":[
+    {"rail":0,"local":"10.0.0.1","remote":"10.0.0.2","alive":true},
+    {"rail":1,"local":"10.0.1.1","remote":"10.0.1.3","alive":true}]},
+    {"peer":"c","clock":{"valid":false},"paths":[{"rail":0,"local":"10.0.0.1","remote":"10.0.0.3","alive":true}]}])");
+  const auto before = counters(render_metrics(v));
+
+  fold_exited(v.retired, v.members["101"]);
+  v.members.erase("101");
+  v.exited_dropped = 1;
+  const std::string t = render_metrics(host_view_from(host_view_json(v)));  // through the agent's answer
+  const auto after = counters(t);
+  EXPECT_EQ(after, before) << t;
+  for (const char* series : {R"(shunt_path_tx_bytes_total{peer="c",rail="0",path="10.0.0.1->10.0.0.3"})",
+                             R"(shunt_path_tx_bytes_total{peer="b",rail="1",path="10.0.1.1->10.0.1.3"})",
+                             R"(shunt_bundle_path_failures_total{shunt_job="j",rank="0",device="rxe0",nic="rxe1",path="0"})",
+                             R"(shunt_replays_total{shunt_job="j",rank="0"})",
+                             R"(shunt_socket_accepts_total{shunt_job="j",rank="0",local="10.0.0.1"})",
+                             R"(shunt_qp_completions_total{shunt_job="j",rank="0",device="rxe0",type="untracked"})"})
+    EXPECT_TRUE(before.count(series)) << series << " is a counter the test means to compare";
+  auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has(R"(shunt_process_mode{shunt_job="j",rank="0",mode="observe"} 1)")) << "the running one alone";
+  EXPECT_TRUE(has(R"(shunt_qps{shunt_job="j",rank="0",state="live"} 1)"));
+  EXPECT_TRUE(has(R"(shunt_processes{state="exited"} 1)"));
+  EXPECT_TRUE(has(R"(shunt_sockets{state="closed",role="client"} 44)"));
+
+  // A second one of that rank adds to the same entry.
+  fold_exited(v.retired, gone);
+  ASSERT_EQ(v.retired.size(), 1u);
+  EXPECT_EQ(counters(render_metrics(v))[R"(shunt_replays_total{shunt_job="j",rank="0"})"], "6");
+}
+
+// What fold_exited keeps is bounded: entries per job and rank, and the
+// keys of each list in them.
+TEST(TelemetryMetrics, RetiredCountersAreBounded) {
+  json retired;
+  for (int r = 0; r < int(kMaxRetired) + 50; r++) fold_exited(retired, member(std::to_string(r).c_str(), 1));
+  EXPECT_EQ(retired.size(), kMaxRetired);
+  json m = member("0", 1);
+  m["sockets"] = json::array();
+  for (int i = 0; i < int(kMaxRetiredKeys) + 100; i++)
+    m["sockets"].push_back({{"role", "client"}, {"local", "10.0.0.1:5"}, {"peer", "10.9." + std::to_string(i / 250) + "." +
+                            std::to_string(i % 250) + ":6"}, {"tx_bytes", 1}});
+  json one;
+  fold_exited(one, m);
+  EXPECT_EQ(one[0]["closed_sockets"].size(), kMaxRetiredKeys);
+  // Hostile types read as nothing.
+  json odd;
+  fold_exited(odd, json::parse(R"({"job":5,"verbs":{"qps":[3,{"device":[]}],"calls":7},"sockets":{"a":1},
+    "bundles":[{"paths":"x"}],"events":[1],"replays":-4})"));
+  ASSERT_EQ(odd.size(), 1u);
+  EXPECT_NO_THROW(render_metrics(HostView{.retired = odd}));
 }
 
 TEST(TelemetryMetrics, ABundlesPathsShowWhichIsUpWhichCarriesAndWhatEachSent) {
