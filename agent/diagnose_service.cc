@@ -16,6 +16,7 @@
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/diagnose.h"
+#include "telemetry/rhythm.h"
 
 namespace shunt::telemetry {
 
@@ -137,6 +138,33 @@ std::vector<QpLook> own_looks() {
   return out;
 }
 
+// The step rhythm of every running process that shows one: the others'
+// from their reports, the agent's own process from its sampler.
+json steps_of(const json& members, const std::string& own_pid) {
+  json out = json::array();
+  auto text = [](const json& m, const char* k) {
+    auto it = m.find(k);
+    return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  for (const auto& [pid, m] : members.items()) {
+    if (!m.is_object()) continue;
+    auto f = m.find("final");
+    if (f != m.end() && f->is_boolean() && f->get<bool>()) continue;
+    json step = pid == own_pid ? process_rhythm().view() : m.value("step", json());
+    if (!step.is_object() || !step.value("period_ms", json()).is_number()) continue;
+    step["pid"] = pid;
+    step["rank"] = text(m, "rank");
+    out.push_back(std::move(step));
+  }
+  if (!members.contains(own_pid))
+    if (json step = process_rhythm().view(); step.is_object()) {
+      step["pid"] = own_pid;
+      step["rank"] = "";
+      out.push_back(std::move(step));
+    }
+  return out;
+}
+
 void look() {
   State& s = st();
   const int64_t now = mono_ms();
@@ -175,6 +203,7 @@ void look() {
     }
     json v = s.d.view();
     v["host"] = host_name();
+    v["steps"] = steps_of(members, own_pid);
     std::lock_guard l(s.mu);
     s.latest = std::move(v);
   } catch (const std::exception& ex) {

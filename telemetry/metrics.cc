@@ -95,6 +95,10 @@ void declare(Exposition& x) {
   x.family("shunt_slowdown", "gauge",
            "1 while this host sees a slowdown, by the kind of cause blamed (link, host, path); shuntctl diagnose names it.");
   x.family("shunt_slowdown_worst_ratio", "gauge", "The slowest blamed pair's rate over its baseline (1 when healthy).");
+  x.family("shunt_step_seconds", "gauge",
+           "A rank's step time, from the rhythm of its QPs' work (shuntctl diagnose); absent while it shows none.");
+  x.family("shunt_step_confidence_ratio", "gauge", "How well the rank's traffic repeats at that step time (0..1).");
+  x.family("shunt_step_communication_ratio", "gauge", "Share of the rank's recent time with work out on its QPs.");
   x.family("shunt_processes", "gauge", "Shunt processes known to the host agent, by state (running, exited).");
   x.family("shunt_process_mode", "gauge",
            "1 for each process known to the host agent, by its mode (off: shunt turned itself off there, e.g. over a bad setting; shuntctl status says why).");
@@ -221,6 +225,13 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
   // in the sums (they never go backwards).
   const bool running = !flag(m, "final");
   if (running) x.add("shunt_socket_subflows", p, subflows);
+  // The step rhythm (telemetry/rhythm.h) of a rank's processes: the one
+  // that communicates (a rank's helpers have none).
+  if (const json& step = at(m, "step"); running && step.is_object() && real(step, "period_ms", 0) > 0) {
+    x.add_max("shunt_step_seconds", p, real(step, "period_ms", 0) / 1e3);
+    x.add_max("shunt_step_confidence_ratio", p, real(step, "confidence", 0));
+    x.add_max("shunt_step_communication_ratio", p, real(step, "comm_share", 0));
+  }
   std::map<std::string, uint64_t> bundles{{"up", 0}, {"degraded", 0}, {"fallback", 0}};
   // Bundle paths summed per device, NIC and path index over the rank's QPs
   // (source ports and QP numbers change with every renewal and connection);

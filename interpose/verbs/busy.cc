@@ -8,6 +8,7 @@
 
 #include "interpose/verbs/rails.h"
 #include "interpose/verbs/registry.h"
+#include "telemetry/rhythm.h"
 
 namespace shunt::verbs {
 
@@ -52,6 +53,7 @@ int sample_busy(int64_t now_ms) {
     s.at_ms = now_ms;
     s.sent = sent;
   });
+  telemetry::process_rhythm().look(now_ms, busy > 0);
   return busy;
 }
 

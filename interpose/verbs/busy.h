@@ -20,7 +20,8 @@ struct QpRecord;
 void note_addresses(QpRecord* r, const ibv_qp_attr* attr, int mask);
 
 // One look at every QP at time now_ms (monotonic); returns how many had
-// work out. The caller picks the next instant (busy_next_ms).
+// work out. Whether any had is the process's step rhythm's look too
+// (telemetry/rhythm.h). The caller picks the next instant (busy_next_ms).
 int sample_busy(int64_t now_ms);
 
 // When to look next: soon (every ~20 ms, jittered) until 10 s after a look

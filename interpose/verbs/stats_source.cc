@@ -10,6 +10,7 @@
 
 #include "interpose/verbs/bundle.h"
 #include "interpose/verbs/registry.h"
+#include "telemetry/rhythm.h"
 #include "telemetry/stats_file.h"
 
 namespace shunt::verbs {
@@ -157,6 +158,7 @@ void write_stats(json& snap, telemetry::Detail detail) {
   snap["bundles"] = std::move(bundles);
   snap["closed_bundle_paths"] = std::move(closed_paths);
   snap["replays"] = replays;
+  snap["step"] = telemetry::process_rhythm().view();  // null without a rhythm
 }
 
 }  // namespace

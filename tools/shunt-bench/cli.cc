@@ -145,6 +145,8 @@ int parse_command_line(int argc, char** argv, Options* o, PlotArgs* p, ScenarioA
       ->check(CLI::NonNegativeNumber);
   app.add_option("--stall-timeout", o->stall_timeout_s, "seconds without progress that count as a failure")
       ->check(CLI::PositiveNumber);
+  app.add_option("--compute-ms", o->compute_ms, "sleep MS after each iteration, untimed, as a training step's compute")
+      ->check(CLI::Range(0, 600000));
 
   // output
   app.add_option("--timeline", o->timeline_ms, "print delivered throughput every MS milliseconds")

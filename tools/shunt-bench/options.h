@@ -47,6 +47,7 @@ struct Options {
   bool check = false;
   double duration_s = 0;      // > 0: each size runs this long instead of -n iterations
   double stall_timeout_s = 60;  // no progress for this long is an error
+  int compute_ms = 0;  // a training step's compute: the network idle this long after each iteration
 
   // output
   std::string json_file;

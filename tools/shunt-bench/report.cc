@@ -82,7 +82,7 @@ void write_json(const std::string& path, const Options& o, const Workload& w, in
   j["ranks"] = s.ranks;
   j["options"] = {{"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
                   {"iters", o.iters},         {"warmup", o.warmup},       {"check", o.check},
-                  {"duration_s", o.duration_s}};
+                  {"duration_s", o.duration_s}, {"compute_ms", o.compute_ms}};
   json rows = json::array();
   for (const auto& r : s.rows)
     rows.push_back({{"size", r.bytes}, {"count", r.count}, {"type", w.type()}, {"redop", w.redop()},

@@ -92,6 +92,7 @@ void run_sweep(const Options& o, Bootstrap& bs, Transport& t, Workload& w, RunSu
       w.run(t, bytes);
       busy += steady_now() - t0;
       if (o.check) wrong += w.verify(t, bytes, iter);
+      if (o.compute_ms > 0) usleep(static_cast<useconds_t>(o.compute_ms) * 1000);
     }
 
     RankStats mine{n ? busy / n : 0, wrong, n};

@@ -146,6 +146,20 @@ int diagnose_command(std::ostream& out, const DiagnoseArgs& a) {
     out << "watch: " << c["cause"].get<std::string>() << " " << c["name"].get<std::string>()
         << " (one slow pair, no probe evidence), seen by " << c["hosts"][0].get<std::string>() << "\n";
   }
+  // Each host's step rhythm, per rank (telemetry/rhythm.h).
+  for (const auto& h : hosts) {
+    std::string line;
+    for (const auto& s : h.value("steps", json::array())) {
+      if (!s.is_object() || !s.value("period_ms", json()).is_number()) continue;
+      char one[160];
+      const std::string rank = s.value("rank", json()).is_string() ? s["rank"].get<std::string>() : "";
+      std::snprintf(one, sizeof one, "%s %.0f ms (%.0f%% communicating, sure %.2f)",
+                    rank.empty() ? ("pid " + s.value("pid", std::string("?"))).c_str() : ("rank " + rank).c_str(),
+                    s["period_ms"].get<double>(), 100 * s.value("comm_share", 0.0), s.value("confidence", 0.0));
+      line += (line.empty() ? "" : "; ") + std::string(one);
+    }
+    if (!line.empty()) out << "step: " << h.value("host", "?") << ": " << line << "\n";
+  }
   // Every pair, worst first.
   std::vector<std::pair<double, std::string>> rows;
   for (const auto& h : hosts)

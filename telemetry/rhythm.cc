@@ -1,0 +1,110 @@
+#include "telemetry/rhythm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace shunt::telemetry {
+
+void StepRhythm::look(int64_t now_ms, bool busy) {
+  std::lock_guard lk(mu_);
+  const int64_t now_bin = now_ms / kBinMs;
+  // The first look, or one after so long a gap that no bin before it
+  // stays: the history starts here.
+  if (last_ms_ < 0 || now_ms - last_ms_ > static_cast<int64_t>(kBins) * kBinMs) {
+    bins_.assign(1, 0);
+    first_bin_ = now_bin;
+    last_ms_ = now_ms;
+    return;
+  }
+  if (now_ms <= last_ms_) return;
+  for (int64_t t = last_ms_; t < now_ms;) {
+    const int64_t b = t / kBinMs, end = std::min(now_ms, (b + 1) * kBinMs);
+    while (first_bin_ + static_cast<int64_t>(bins_.size()) <= b) bins_.push_back(0);
+    if (busy) bins_[static_cast<size_t>(b - first_bin_)] += static_cast<uint8_t>(end - t);
+    t = end;
+  }
+  while (first_bin_ + static_cast<int64_t>(bins_.size()) <= now_bin) bins_.push_back(0);
+  while (bins_.size() > kBins + 1) {
+    bins_.pop_front();
+    first_bin_++;
+  }
+  last_ms_ = now_ms;
+}
+
+StepEstimate StepRhythm::estimate() const {
+  std::vector<double> x;
+  {
+    std::lock_guard lk(mu_);
+    if (bins_.size() < 2) return {};
+    // Whole bins only: the last one is still filling.
+    x.reserve(bins_.size() - 1);
+    for (size_t i = 0; i + 1 < bins_.size(); i++) x.push_back(bins_[i] / static_cast<double>(kBinMs));
+  }
+  StepEstimate e;
+  const size_t n = x.size();
+  e.span_ms = static_cast<double>(n * kBinMs);
+  double mean = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(n);
+  e.comm_share = mean;
+  if (n < kMinBins) return e;
+  double var = 0;
+  for (double& v : x) v -= mean, var += v * v;
+  var /= static_cast<double>(n);
+  // Busy all the time, or idle: nothing repeats. (A step must have both.)
+  if (var < 0.01) return e;
+  // The autocorrelation over lags up to half the span (two steps at least),
+  // each lag's products averaged over the pairs it has.
+  const size_t max_lag = n / 2;
+  std::vector<double> r(max_lag + 2, 0.0);
+  for (size_t k = 1; k <= max_lag + 1 && k < n; k++) {
+    double c = 0;
+    for (size_t i = 0; i + k < n; i++) c += x[i] * x[i + k];
+    r[k] = c / static_cast<double>(n - k) / var;
+  }
+  // A periodic series (its mean removed) falls below zero within its
+  // period: peaks before that are the series' own smoothness. The step is
+  // the first peak nearly as high as the highest (the others are its
+  // multiples).
+  size_t from = 1;
+  while (from <= max_lag && r[from] >= 0) from++;
+  double best = 0;
+  std::vector<size_t> peaks;
+  for (size_t k = std::max<size_t>(from, 2); k <= max_lag; k++)
+    if (r[k] > 0 && r[k] >= r[k - 1] && r[k] >= r[k + 1]) {
+      peaks.push_back(k);
+      best = std::max(best, r[k]);
+    }
+  if (best < kMinConfidence) return e;
+  size_t k = 0;
+  for (size_t p : peaks)
+    if (r[p] >= 0.85 * best) {
+      k = p;
+      break;
+    }
+  // Between bins: the vertex of the parabola through the peak and its two
+  // neighbours.
+  double shift = 0;
+  const double den = r[k - 1] - 2 * r[k] + r[k + 1];
+  if (den < 0) shift = std::clamp(0.5 * (r[k - 1] - r[k + 1]) / den, -0.5, 0.5);
+  e.period_ms = (static_cast<double>(k) + shift) * kBinMs;
+  e.confidence = std::min(1.0, r[k]);
+  return e;
+}
+
+nlohmann::json StepRhythm::view() const {
+  const StepEstimate e = estimate();
+  if (e.period_ms <= 0) return nullptr;
+  auto round_to = [](double v, double q) { return std::round(v / q) * q; };
+  return {{"period_ms", round_to(e.period_ms, 0.1)},
+          {"confidence", round_to(e.confidence, 0.01)},
+          {"comm_share", round_to(e.comm_share, 0.01)}};
+}
+
+StepRhythm& process_rhythm() {
+  static auto* r = new StepRhythm;  // the agent thread may use it while exit() runs
+  return *r;
+}
+
+}  // namespace shunt::telemetry

@@ -1,0 +1,50 @@
+// The step rhythm of a job, found without help from the application: a
+// training step is a stretch of compute (no work out on the QPs) and a
+// stretch of communication, again and again. The busy sampler
+// (interpose/verbs/busy.h) looks every 12-28 ms whether any of the process's
+// QPs has work out; here those looks become a busy share per 20 ms bin over
+// the last 20 s, and the lag at which that series best matches itself
+// (its autocorrelation's first strong peak) is the step time. How well it
+// matches (0..1) is how sure the estimate is. A job that communicates all
+// the time, or at random, has no rhythm: none is reported.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+namespace shunt::telemetry {
+
+struct StepEstimate {
+  double period_ms = 0;   // 0: no rhythm found
+  double confidence = 0;  // the autocorrelation at that lag (0..1)
+  double comm_share = 0;  // share of the span with work out
+  double span_ms = 0;     // history the estimate is taken over
+};
+
+class StepRhythm {
+ public:
+  static constexpr int64_t kBinMs = 20;
+  static constexpr size_t kBins = 1000;     // 20 s of history
+  static constexpr size_t kMinBins = 150;   // 3 s before any estimate
+  static constexpr double kMinConfidence = 0.4;
+
+  // A look of the sampler at now_ms (monotonic): whether any QP had work
+  // out. The time since the previous look counts as that (as the sampler
+  // credits busy time).
+  void look(int64_t now_ms, bool busy);
+  StepEstimate estimate() const;
+  // {"period_ms", "confidence", "comm_share"}, or null without a rhythm.
+  nlohmann::json view() const;
+
+ private:
+  mutable std::mutex mu_;       // the sampler's thread and a report at exit
+  std::deque<uint8_t> bins_;    // busy ms per bin, the last one still filling
+  int64_t first_bin_ = 0;       // bin number (now_ms / kBinMs) of bins_.front()
+  int64_t last_ms_ = -1;
+};
+
+// This process's (fed by the busy sampler). Never destroyed.
+StepRhythm& process_rhythm();
+
+}  // namespace shunt::telemetry

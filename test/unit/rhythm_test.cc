@@ -1,0 +1,93 @@
+// The step rhythm, from looks like the busy sampler's (every 12-28 ms,
+// jittered) at synthetic jobs.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "telemetry/rhythm.h"
+
+namespace shunt::telemetry {
+namespace {
+
+// Feeds `seconds` of a job whose steps last step_ms (each step's length
+// varied by up to +-jitter of it), communicating for comm_ms at the start
+// of each; returns the estimate at the end.
+StepEstimate run(double step_ms, double comm_ms, double seconds, double jitter = 0.0, unsigned seed = 1) {
+  StepRhythm r;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  double step_start = 1000, this_step = step_ms;
+  for (int64_t t = 1000; t < 1000 + seconds * 1000; t += 12 + static_cast<int64_t>(rng() % 17)) {
+    while (t >= step_start + this_step) {
+      step_start += this_step;
+      this_step = step_ms * (1 + jitter * u(rng));
+    }
+    r.look(t, t - step_start < comm_ms);
+  }
+  return r.estimate();
+}
+
+TEST(StepRhythm, FindsTheStepOfARegularJob) {
+  for (double step : {200.0, 500.0, 1300.0, 4000.0}) {
+    StepEstimate e = run(step, step * 0.3, 20);
+    EXPECT_NEAR(e.period_ms, step, step * 0.04 + 10) << step;
+    EXPECT_GT(e.confidence, 0.8) << step;
+    EXPECT_NEAR(e.comm_share, 0.3, 0.05) << step;
+  }
+}
+
+TEST(StepRhythm, ASlowerStepShowsAsALongerPeriod) {
+  StepEstimate before = run(500, 150, 20), after = run(700, 350, 20);
+  EXPECT_NEAR(before.period_ms, 500, 30);
+  EXPECT_NEAR(after.period_ms, 700, 40);
+  EXPECT_GT(after.comm_share, before.comm_share);
+}
+
+TEST(StepRhythm, StepsThatVaryAreStillFound) {
+  StepEstimate e = run(800, 300, 20, 0.05, 3);
+  EXPECT_NEAR(e.period_ms, 800, 60);
+  EXPECT_GT(e.confidence, StepRhythm::kMinConfidence);
+}
+
+TEST(StepRhythm, NoRhythmWhereThereIsNone) {
+  // Communicating all the time, never, or at random: nothing reported.
+  EXPECT_EQ(run(500, 500, 20).period_ms, 0);
+  EXPECT_EQ(run(500, 0, 20).period_ms, 0);
+  StepRhythm r;
+  std::mt19937 rng(7);
+  for (int64_t t = 0; t < 20000; t += 12 + rng() % 17) r.look(t, rng() % 2);
+  EXPECT_EQ(r.estimate().period_ms, 0);
+  EXPECT_TRUE(r.view().is_null());
+  // Too little history yet.
+  EXPECT_EQ(run(300, 100, 2).period_ms, 0);
+}
+
+TEST(StepRhythm, ANewRhythmTakesTheOldOnesPlace) {
+  StepRhythm r;
+  for (int64_t t = 0; t < 20000; t += 20) r.look(t, t % 500 < 150);
+  ASSERT_NEAR(r.estimate().period_ms, 500, 30);
+  // Idle for a minute (the sampler looks once a second), then a new rhythm.
+  for (int64_t t = 20000; t < 80000; t += 1000) r.look(t, false);
+  for (int64_t t = 80000; t < 100000; t += 20) r.look(t, t % 900 < 300);
+  EXPECT_NEAR(r.estimate().period_ms, 900, 40);
+  EXPECT_LE(r.estimate().span_ms, StepRhythm::kBins * StepRhythm::kBinMs);
+  // Looks out of order change nothing and do not throw.
+  r.look(5, true);
+  EXPECT_NEAR(r.estimate().period_ms, 900, 40);
+  // A gap longer than the history: it starts over.
+  r.look(200000, true);
+  EXPECT_EQ(r.estimate().period_ms, 0);
+  EXPECT_EQ(r.estimate().span_ms, 0);
+}
+
+TEST(StepRhythm, ViewRoundsItsFigures) {
+  StepRhythm r;
+  for (int64_t t = 0; t < 20000; t += 20) r.look(t, t % 500 < 150);
+  nlohmann::json v = r.view();
+  ASSERT_TRUE(v.is_object());
+  EXPECT_NEAR(v["period_ms"].get<double>(), 500, 30);
+  EXPECT_NEAR(v["comm_share"].get<double>(), 0.3, 0.03);  // a look credits the 20 ms before it
+}
+
+}  // namespace
+}  // namespace shunt::telemetry
