@@ -14,6 +14,7 @@
 #include "core/mono.h"
 #include "core/runtime.h"
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/busy.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/diagnose.h"
 #include "telemetry/rhythm.h"
@@ -110,6 +111,8 @@ std::vector<QpLook> own_looks() {
     l.peer = r.peer_addr;
     l.bytes = verbs::total(r.s, [](const verbs::HotCounters& h) -> auto& { return h.send_bytes; });
     l.busy_ms = r.busy_ms.load(std::memory_order_relaxed);
+    l.last_steps = r.last_steps.load(std::memory_order_relaxed);
+    l.step_ends = verbs::step_ends();
     Routes& rt = (*routes)[&r];
     if (read_routes && r.bundle.load()) {
       std::map<std::string, uint64_t> now;

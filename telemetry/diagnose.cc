@@ -39,6 +39,12 @@ std::vector<std::string> routes_of(const Ticks& ticks) {
 
 std::vector<std::string> Diagnoser::window_routes(const Pair& p) { return routes_of(p.ticks); }
 
+double Diagnoser::last_share(const Pair& p) {
+  uint64_t last = 0, steps = 0;
+  for (const auto& [l, s] : p.last) last += l, steps += s;
+  return steps ? static_cast<double>(last) / static_cast<double>(steps) : -1;
+}
+
 void Diagnoser::look(int64_t now_ms, const std::vector<QpLook>& qps, const std::vector<RouteQueue>& queues) {
   now_ms_ = now_ms;
   std::map<std::pair<std::string, std::string>, Tick> ticks;
@@ -57,8 +63,13 @@ void Diagnoser::look(int64_t now_ms, const std::vector<QpLook>& qps, const std::
         uint64_t was = it->second.routes.count(r) ? it->second.routes[r] : 0;
         if (b > was) t.routes[r] += b - was;
       }
+      // A pair's QPs share their process's step ends: counted once.
+      if (q.step_ends >= it->second.step_ends && q.last_steps >= it->second.last_steps) {
+        t.step_ends = std::max(t.step_ends, q.step_ends - it->second.step_ends);
+        t.last_steps += q.last_steps - it->second.last_steps;
+      }
     }
-    prev_[q.key] = {q.bytes, q.busy_ms, std::move(routes), now_ms};
+    prev_[q.key] = {q.bytes, q.busy_ms, std::move(routes), now_ms, q.step_ends, q.last_steps};
   }
   for (auto it = prev_.begin(); it != prev_.end();) it = live.count(it->first) ? std::next(it) : prev_.erase(it);
   for (auto& [k, t] : ticks) {
@@ -74,6 +85,8 @@ void Diagnoser::look(int64_t now_ms, const std::vector<QpLook>& qps, const std::
     p.ticks.push_back(t == ticks.end() ? Tick{} : t->second);
     p.history.push_back({p.ticks.back().bytes, p.ticks.back().busy_ms});
     while (p.history.size() > kHistory) p.history.pop_front();
+    p.last.push_back({std::min(p.ticks.back().last_steps, p.ticks.back().step_ends), p.ticks.back().step_ends});
+    while (p.last.size() > kLastLooks) p.last.pop_front();
     while (static_cast<int>(p.ticks.size()) > o_.window) p.ticks.pop_front();
     uint64_t bytes = 0, busy = 0;
     for (const auto& x : p.ticks) {
@@ -278,7 +291,11 @@ void Diagnoser::blame(int64_t now_ms, const std::vector<RouteQueue>& queues) {
         if (suspect(p) && top->members.count(&p)) {
           const double f = p.rate >= 0 && p.base > 0 ? p.rate / p.base : 0;
           worst = std::min(worst, f);
-          pairs.push_back({{"local", p.local}, {"peer", p.peer}, {"factor", std::round(f * 100) / 100}});
+          const double ls = last_share(p);
+          pairs.push_back({{"local", p.local},
+                           {"peer", p.peer},
+                           {"factor", std::round(f * 100) / 100},
+                           {"last_share", ls >= 0 ? json(std::round(ls * 100) / 100) : json(nullptr)}});
         }
       std::string evidence = top->kind == "link"
                                  ? (top->queued ? "probes through this spine queue" : "no probe queueing seen")
@@ -366,6 +383,7 @@ json Diagnoser::view() const {
                      {"factor", p.rate >= 0 && p.base > 0 && p.based >= o_.warmup ? json(std::round(p.rate / p.base * 100) / 100)
                                                                                  : json(nullptr)},
                      {"slow", p.slow},
+                     {"last_share", last_share(p) >= 0 ? json(std::round(last_share(p) * 100) / 100) : json(nullptr)},
                      {"routes", window_routes(p)},
                      {"history", p.history}});
   }
@@ -417,6 +435,8 @@ std::vector<QpLook> qp_looks(const json& members, const std::string& skip) {
       l.peer = q["peer"].get<std::string>();
       l.bytes = q.value("send_bytes", uint64_t{0});
       l.busy_ms = q.value("busy_ms", uint64_t{0});
+      l.last_steps = q.value("last_steps", uint64_t{0});
+      l.step_ends = v->value("step_ends", uint64_t{0});
       for (const auto& p : bundle_paths_of(q.value("bundle", json()))) l.routes.push_back({p.router, p.bytes});
       if (l.routes.empty()) l.routes.push_back({"", l.bytes});
       out.push_back(std::move(l));

@@ -31,6 +31,9 @@ struct QpLook {
   // Cumulative bytes per route: the spine ("router") that path discovery
   // saw each path's source port take; "" where unknown.
   std::vector<std::pair<std::string, uint64_t>> routes;
+  // Ends of its process's steps (verbs::step_ends), and those at which this
+  // QP was among the last with work: the pair's share of a step's critical path.
+  uint64_t step_ends = 0, last_steps = 0;
 };
 
 // What the probes say of one route towards a peer address.
@@ -70,6 +73,7 @@ class Diagnoser {
   struct Tick {
     uint64_t bytes = 0, busy_ms = 0;
     std::map<std::string, uint64_t> routes;
+    uint64_t step_ends = 0, last_steps = 0;  // the pair's process's step ends, and those it ended
   };
   struct Pair {
     std::string local, peer;
@@ -85,12 +89,18 @@ class Diagnoser {
     int raw_below = 0;  // consecutive looks below the mark against its own baseline alone
     bool slow = false;
     int64_t last_data_ms = 0;
+    std::deque<std::pair<uint64_t, uint64_t>> last;  // (steps ended last, steps) of the last kLastLooks looks
   };
   struct Prev {
     uint64_t bytes = 0, busy_ms = 0;
     std::map<std::string, uint64_t> routes;
     int64_t seen_ms = 0;
+    uint64_t step_ends = 0, last_steps = 0;
   };
+  static constexpr size_t kLastLooks = 15;
+  // The share of the steps of the last kLastLooks looks that the pair ended
+  // last (on the step's critical path), or -1 without steps.
+  static double last_share(const Pair& p);
   void blame(int64_t now_ms, const std::vector<RouteQueue>& queues);
   static std::vector<std::string> window_routes(const Pair& p);
   std::string host_of(const std::string& addr) const;

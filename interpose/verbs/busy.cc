@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <atomic>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -19,7 +20,9 @@ struct Seen {
   uint64_t sent = 0;    // sig_sends at the last look
   uint64_t err = 0;     // error completions at the last look
   uint64_t offset = 0;  // outstanding WRs written off (an error completion ends a QP's sends)
+  bool active = false, was_active = false;  // had work (or sent) at this look, at the one before
 };
+std::atomic<uint64_t> g_step_ends{0};
 
 uint64_t errors(const QpStats& s) {
   uint64_t n = 0;
@@ -37,7 +40,10 @@ int sample_busy(int64_t now_ms) {
   for_each_qp([&](const QpRecord& r) {
     if (i == seen->size()) seen->push_back(Seen{});
     Seen& s = (*seen)[i++];
-    if (r.destroyed.load(std::memory_order_relaxed) || r.shadow_of || r.type != IBV_QPT_RC) return;
+    if (r.destroyed.load(std::memory_order_relaxed) || r.shadow_of || r.type != IBV_QPT_RC) {
+      s.active = s.was_active = false;
+      return;
+    }
     const uint64_t sent = total(r.s, [](const HotCounters& h) -> auto& { return h.sig_sends; });
     const uint64_t ok = total(r.s, [](const HotCounters& h) -> auto& { return h.send_done; });
     const uint64_t err = errors(r.s);
@@ -49,10 +55,23 @@ int sample_busy(int64_t now_ms) {
     if (s.at_ms >= 0 && out > 0 && now_ms > s.at_ms) {
       r.busy_ms.fetch_add(static_cast<uint64_t>(now_ms - s.at_ms), std::memory_order_relaxed);
     }
-    if (out > 0 || sent != s.sent) busy++;
+    s.was_active = s.active;
+    s.active = out > 0 || sent != s.sent;
+    busy += s.active;
     s.at_ms = now_ms;
     s.sent = sent;
   });
+  // Every QP idle after some had work: the end of a step's communication;
+  // those that had work at the look before finished last.
+  static bool was_busy = false;  // agent thread only
+  if (busy == 0 && was_busy) {
+    g_step_ends.fetch_add(1, std::memory_order_relaxed);
+    size_t j = 0;
+    for_each_qp([&](const QpRecord& r) {
+      if (j < seen->size() && (*seen)[j++].was_active) r.last_steps.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+  was_busy = busy > 0;
   telemetry::process_rhythm().look(now_ms, busy > 0);
   return busy;
 }
@@ -77,6 +96,8 @@ void note_addresses(QpRecord* r, const ibv_qp_attr* attr, int mask) {
                     &sgid) == 0)
     gid_text(sgid, r->local_addr, sizeof r->local_addr);
 }
+
+uint64_t step_ends() { return g_step_ends.load(std::memory_order_relaxed); }
 
 int64_t busy_next_ms(int64_t now_ms, int busy_qps, int64_t idle_ms) {
   // Quick for a while after the last activity: a job between two steps has

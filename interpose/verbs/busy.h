@@ -24,6 +24,11 @@ void note_addresses(QpRecord* r, const ibv_qp_attr* attr, int mask);
 // (telemetry/rhythm.h). The caller picks the next instant (busy_next_ms).
 int sample_busy(int64_t now_ms);
 
+// How many times the process's QPs all went idle after some had work: the
+// ends of its steps' communication. At each, the QPs that had work at the
+// look before count one in their last_steps (registry.h).
+uint64_t step_ends();
+
 // When to look next: soon (every ~20 ms, jittered) until 10 s after a look
 // found a QP that moved or had work out, else after idle_ms.
 int64_t busy_next_ms(int64_t now_ms, int busy_qps, int64_t idle_ms);

@@ -60,6 +60,9 @@ struct QpRecord {
   char local_addr[46] = {};
   char peer_addr[46] = {};
   mutable std::atomic<uint64_t> busy_ms{0};  // written by the sampler alone
+  // Ends of the process's communication (busy.h: step_ends) at which this
+  // QP was among the last with work: how often it held up a step. The sampler's.
+  mutable std::atomic<uint64_t> last_steps{0};
 };
 
 // Patches ctx->ops (post_send, post_recv, poll_cq, req_notify_cq,

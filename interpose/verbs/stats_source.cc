@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "interpose/verbs/bundle.h"
+#include "interpose/verbs/busy.h"
 #include "interpose/verbs/registry.h"
 #include "telemetry/rhythm.h"
 #include "telemetry/stats_file.h"
@@ -119,6 +120,7 @@ void write_stats(json& snap, telemetry::Detail detail) {
         q["peer"] = r.peer_addr;
       }
       q["busy_ms"] = r.busy_ms.load(std::memory_order_relaxed);
+      q["last_steps"] = r.last_steps.load(std::memory_order_relaxed);
       if (auto bj = verbs::bundle_json(r); !bj.is_null()) {
         // up: every path in service; degraded: some failed (or the
         // application's QP was moved off); fallback: primary-only or given up
@@ -154,7 +156,8 @@ void write_stats(json& snap, telemetry::Detail detail) {
   snap["verbs"] = {{"calls", std::move(calls)},
                   {"devices", std::move(devices)},
                   {"qps", std::move(qps)},
-                  {"stale_completions_dropped", verbs::g_stale_wcs.load()}};
+                  {"stale_completions_dropped", verbs::g_stale_wcs.load()},
+                  {"step_ends", verbs::step_ends()}};
   snap["bundles"] = std::move(bundles);
   snap["closed_bundle_paths"] = std::move(closed_paths);
   snap["replays"] = replays;

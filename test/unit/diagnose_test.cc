@@ -205,11 +205,12 @@ TEST(Diagnose, LooksFromMembersReports) {
        {{"verbs",
          {{"qps",
            {{{"device", "rxe0"}, {"qpn", 17}, {"local", "10.0.0.1"}, {"peer", "10.0.0.2"}, {"send_bytes", 5000},
-             {"busy_ms", 40},
+             {"busy_ms", 40}, {"last_steps", 3},
              {"bundle", {{"primary", {{"router", "s1"}, {"bytes", 3000}}}, {"paths", {{{"router", "s2"}, {"bytes", 2000}}}}}}},
             {{"device", "rxe0"}, {"qpn", 18}, {"shadow_of", 17}, {"local", "10.0.0.1"}, {"peer", "10.0.0.2"}},
             {{"device", "rxe0"}, {"qpn", 19}, {"destroyed", true}, {"local", "10.0.0.1"}, {"peer", "10.0.0.2"}},
-            {{"device", "rxe0"}, {"qpn", 20}}}}}}}},
+            {{"device", "rxe0"}, {"qpn", 20}}}},
+          {"step_ends", 9}}}}},
       {"13", {{"final", true}, {"verbs", {{"qps", json::array()}}}}},
       {"14", "not a report"}};
   auto looks = qp_looks(members);
@@ -219,4 +220,42 @@ TEST(Diagnose, LooksFromMembersReports) {
   EXPECT_EQ(looks[0].busy_ms, 40u);
   ASSERT_EQ(looks[0].routes.size(), 2u);
   EXPECT_EQ(looks[0].routes[1].first, "s2");
+  EXPECT_EQ(looks[0].last_steps, 3u);
+  EXPECT_EQ(looks[0].step_ends, 9u);
+}
+
+// Which pairs sit on the steps' critical path: each pair's share of the
+// recent steps that it ended last (its QP had work at the process's last
+// busy look of the step); the blamed pairs carry it too.
+TEST(Diagnose, PairsThatEndTheStepsLastAreOnTheCriticalPath) {
+  Job j;
+  uint64_t ends = 0;
+  std::vector<uint64_t> last(j.qs.size(), 0);
+  auto second = [&](int slow_one) {
+    j.now += 1000;
+    std::vector<QpLook> looks;
+    ends += 2;  // two steps a second
+    for (size_t i = 0; i < j.qs.size(); i++) {
+      auto& q = j.qs[i];
+      q.busy_ms += 600;
+      q.bytes += static_cast<uint64_t>(600 * q.rate);
+      // Without a fault the steps end on any pair in turn; the slow one ends them all.
+      if (slow_one >= 0 ? static_cast<int>(i) == slow_one : (ends / 2) % j.qs.size() == i) last[i] += 2;
+      looks.push_back({"1/rxe0/" + std::to_string(i), "10.0.0.1", q.peer, q.bytes, q.busy_ms, {{q.spine, q.bytes}}, ends, last[i]});
+    }
+    j.d.look(j.now, looks, j.queues);
+  };
+  for (int s = 0; s < 20; s++) second(-1);
+  for (const auto& p : j.d.view()["pairs"]) EXPECT_NEAR(p["last_share"].get<double>(), 0.25, 0.1) << p.dump();
+  j.qs[1].rate /= 3;
+  for (int s = 0; s < 15; s++) second(1);
+  json v = j.d.view();
+  for (const auto& p : v["pairs"]) EXPECT_EQ(p["last_share"].get<double>(), p["peer"] == "10.0.0.3" ? 1.0 : 0.0) << p.dump();
+  ASSERT_TRUE(v["slowdown"].is_object()) << v.dump();
+  EXPECT_EQ(v["slowdown"]["pairs"][0]["last_share"], 1.0);
+  // Pairs of a process with no steps (never all idle) have none.
+  Diagnoser d;
+  d.look(1000, {{"k", "10.0.0.1", "10.0.0.2", 100, 10, {}}}, {});
+  d.look(2000, {{"k", "10.0.0.1", "10.0.0.2", 200, 20, {}}}, {});
+  EXPECT_TRUE(d.view()["pairs"][0]["last_share"].is_null());
 }

@@ -268,8 +268,11 @@ TEST(HotPath, BusyTimeCountsOnlyWhileASignaledSendIsOut) {
   ASSERT_EQ(ibv_poll_cq(&d->cq, 4, wc), 1);
   g_nwcs = 0;
   EXPECT_EQ(done(), 1u);
+  const uint64_t ends = step_ends();
   sample_busy(1100);
   EXPECT_EQ(r->busy_ms.load(), 45u) << "nothing out at this look: the time since the last is not busy";
+  EXPECT_EQ(step_ends(), ends + 1) << "every QP idle after work: a step's communication ended";
+  EXPECT_EQ(r->last_steps.load(), 1u) << "and this QP had work at the look before";
   EXPECT_EQ(sample_busy(2000), 0) << "idle: the sampler may slow down";
   // An error completion writes off what is out: the QP is not busy for good.
   ASSERT_EQ(ibv_post_send(&d->qp, &s, &bad), 0);
@@ -283,4 +286,51 @@ TEST(HotPath, BusyTimeCountsOnlyWhileASignaledSendIsOut) {
   EXPECT_EQ(r->busy_ms.load(), 45u);
   untrack_qp(&d->qp);
   unpatch_context(d->ctx);
+}
+
+// The QPs that finish a step's communication last are its critical path:
+// of two QPs out together, only the one still out at the last busy look
+// counts the step (last_steps); the other finished earlier.
+TEST(HotPath, TheQpThatFinishesLastCountsTheStep) {
+  auto d1 = std::make_unique<FakeDevice>(141), d2 = std::make_unique<FakeDevice>(142);
+  ASSERT_TRUE(patch_context(d1->ctx, "fake1"));
+  ASSERT_TRUE(patch_context(d2->ctx, "fake2"));
+  QpRecord* r1 = track_qp(&d1->qp, false);
+  QpRecord* r2 = track_qp(&d2->qp, false);
+  ASSERT_NE(r1, nullptr);
+  ASSERT_NE(r2, nullptr);
+  ibv_sge sge{0, 4096, 0};
+  ibv_send_wr s = write_wr(&sge);
+  s.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ibv_wc wc[4];
+  auto complete = [&](FakeDevice& d, uint32_t qpn) {
+    g_wcs[0] = ibv_wc{};
+    g_wcs[0].qp_num = qpn;
+    g_wcs[0].opcode = IBV_WC_RDMA_WRITE;
+    g_nwcs = 1;
+    ASSERT_EQ(ibv_poll_cq(&d.cq, 4, wc), 1);
+    g_nwcs = 0;
+  };
+  sample_busy(5000);
+  sample_busy(5020);  // nothing out: no step yet
+  const uint64_t ends = step_ends(), l1 = r1->last_steps.load(), l2 = r2->last_steps.load();
+  for (int step = 0; step < 3; step++) {
+    const int64_t t = 6000 + step * 1000;
+    ASSERT_EQ(ibv_post_send(&d1->qp, &s, &bad), 0);
+    ASSERT_EQ(ibv_post_send(&d2->qp, &s, &bad), 0);
+    EXPECT_EQ(sample_busy(t), 2);
+    complete(*d1, 141);  // the first one's part is done
+    EXPECT_EQ(sample_busy(t + 20), 1);
+    complete(*d2, 142);
+    EXPECT_EQ(sample_busy(t + 40), 0);
+    EXPECT_EQ(sample_busy(t + 500), 0) << "a compute stretch: no step ends while idle";
+  }
+  EXPECT_EQ(step_ends(), ends + 3);
+  EXPECT_EQ(r1->last_steps.load(), l1);
+  EXPECT_EQ(r2->last_steps.load(), l2 + 3);
+  untrack_qp(&d1->qp);
+  untrack_qp(&d2->qp);
+  unpatch_context(d1->ctx);
+  unpatch_context(d2->ctx);
 }

@@ -167,19 +167,22 @@ int diagnose_command(std::ostream& out, const DiagnoseArgs& a) {
       const json& f = p.value("factor", json());
       std::string routes;
       for (const auto& r : p.value("routes", json::array())) routes += (routes.empty() ? "" : ",") + r.get<std::string>();
+      // The share of recent steps this pair ended last: the steps' critical path.
+      const json& ls = p.value("last_share", json());
+      const std::string last = ls.is_number() ? std::to_string(static_cast<int>(std::clamp(ls.get<double>(), 0.0, 1.0) * 100 + 0.5)) + "%" : "-";
       char line[256];
-      std::snprintf(line, sizeof line, "%-12s %-16s %-16s %11s %11s %7s %-5s %s", h.value("host", "?").c_str(),
+      std::snprintf(line, sizeof line, "%-12s %-16s %-16s %11s %11s %7s %-5s %5s %s", h.value("host", "?").c_str(),
                     p.value("local", "").c_str(), p.value("peer", "").c_str(), fmt_rate(p.value("rate_Bps", json())).c_str(),
                     fmt_rate(p.value("baseline_Bps", json())).c_str(),
                     f.is_number() ? (std::to_string(f.get<double>()).substr(0, 4) + "x").c_str() : "-",
-                    p.value("slow", false) ? "SLOW" : "ok", routes.empty() ? "-" : routes.c_str());
+                    p.value("slow", false) ? "SLOW" : "ok", last.c_str(), routes.empty() ? "-" : routes.c_str());
       rows.push_back({f.is_number() ? f.get<double>() : 9.0, line});
     }
   std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   if (!rows.empty()) {
     char head[256];
-    std::snprintf(head, sizeof head, "%-12s %-16s %-16s %11s %11s %7s %-5s %s", "host", "local", "peer", "busy rate",
-                  "baseline", "ratio", "state", "spines");
+    std::snprintf(head, sizeof head, "%-12s %-16s %-16s %11s %11s %7s %-5s %5s %s", "host", "local", "peer", "busy rate",
+                  "baseline", "ratio", "state", "last", "spines");
     out << head << "\n";
     for (auto& [f, l] : rows) out << l << "\n";
   }
