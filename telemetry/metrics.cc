@@ -7,6 +7,7 @@
 #include "clocksync/engine.h"
 #include "core/runtime.h"
 #include "telemetry/prom.h"
+#include "telemetry/rhythm.h"
 
 namespace shunt::telemetry {
 
@@ -91,6 +92,8 @@ void declare(Exposition& x) {
   x.family("shunt_pair_busy_rate_bytes_per_second", "gauge",
            "Send rate of a peer pair (this host's address to the peer's) while it has work out, over the last seconds.");
   x.family("shunt_pair_baseline_rate_bytes_per_second", "gauge", "The same pair's own recent baseline rate.");
+  x.family("shunt_pair_transfer_seconds", "histogram",
+           "How long each stretch of work out on a QP lasted (one step's exchange with that peer), to about 20 ms.");
   x.family("shunt_pair_slow", "gauge", "1 while the pair runs below half its baseline rate (shuntctl diagnose).");
   x.family("shunt_slowdown", "gauge",
            "1 while this host sees a slowdown, by the kind of cause blamed (link, host, path); shuntctl diagnose names it.");
@@ -167,8 +170,20 @@ void qp_samples(Exposition& x, const Labels& base, const json& q) {
 }
 
 using SocketCounts = std::map<std::pair<std::string, std::string>, uint64_t>;  // (state, role) -> n
+// (local, peer) -> transfer counts per kTransferBucketsMs bound and over all, and their sum in ms
+using Transfers = std::map<std::pair<std::string, std::string>, std::pair<std::vector<uint64_t>, uint64_t>>;
 
-void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
+void add_transfers(Transfers* t, const json& e) {
+  const json& counts = at(e, "transfers");
+  const std::string local = str(e, "local"), peer = str(e, "peer");
+  if (local.empty() || peer.empty() || !counts.is_array() || counts.size() != kTransferBucketsMs.size() + 1) return;
+  auto& [c, sum] = (*t)[{local, peer}];
+  c.resize(counts.size());
+  for (size_t i = 0; i < counts.size(); i++) c[i] += count(counts[i]);
+  sum += u64(e, "transfer_ms");
+}
+
+void member_samples(Exposition& x, const json& m, SocketCounts* sockets, Transfers* transfers) {
   Labels p = proc_labels(m);
   const bool retired = flag(m, "retired");  // fold_exited(): counters alone
   if (!retired) x.add("shunt_process_mode", with(p, {{"mode", str(m, "mode")}}), 1);
@@ -179,6 +194,7 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
     uint64_t live = 0, dead = 0;
     for (auto& q : list(v, "qps")) {
       (flag(q, "destroyed") ? dead : live)++;
+      add_transfers(transfers, q);
       qp_samples(x, with(p, {{"device", str(q, "device")}, {"type", str(q, "type")}}), q);
     }
     for (auto& d : list(v, "devices")) {
@@ -257,6 +273,7 @@ void member_samples(Exposition& x, const json& m, SocketCounts* sockets) {
       }
     }
   }
+  for (auto& e : list(m, "transfers")) add_transfers(transfers, e);  // fold_exited's
   // Destroyed QPs' bundles, summed by the process: counters only.
   for (auto& q : list(m, "closed_bundle_paths")) path_counters(str(q, "device"), q);
   if (running)
@@ -439,12 +456,24 @@ std::string render_metrics(const HostView& v) {
   x.add("shunt_agent_uptime_seconds", {}, v.uptime_s);
   uint64_t running = 0, exited = 0;
   SocketCounts sockets;
+  Transfers transfers;
   for (auto& [pid, m] : v.members.items()) {
     (void)pid;
     (flag(m, "final") ? exited : running)++;
-    member_samples(x, m, &sockets);
+    member_samples(x, m, &sockets, &transfers);
   }
-  for (auto& m : v.retired) member_samples(x, m, &sockets);
+  for (auto& m : v.retired) member_samples(x, m, &sockets, &transfers);
+  for (auto& [ends, t] : transfers) {
+    const char* name = "shunt_pair_transfer_seconds";
+    Labels l{{"local", ends.first}, {"peer", ends.second}};
+    uint64_t n = 0;
+    for (size_t i = 0; i < kTransferBucketsMs.size(); i++)
+      x.add_part(name, "_bucket", with(l, {{"le", format_value(kTransferBucketsMs[i] / 1e3)}}), n += t.first[i]);
+    n += t.first.back();
+    x.add_part(name, "_bucket", with(l, {{"le", "+Inf"}}), n);
+    x.add_part(name, "_sum", l, t.second / 1e3);
+    x.add_part(name, "_count", l, n);
+  }
   x.add("shunt_processes", {{"state", "running"}}, running);
   x.add("shunt_processes", {{"state", "exited"}}, exited + v.exited_dropped);
   for (const char* state : {"open", "closed"})
@@ -564,6 +593,21 @@ void fold_exited(json& retired, const json& m) {
         fold_qp(*t, q);
         (*t)["destroyed"] = true;
       }
+    Keyed transfers(e["transfers"], {"local", "peer"});
+    for (auto& q : list(v, "qps")) {
+      const json& counts = at(q, "transfers");
+      if (!counts.is_array() || counts.size() != kTransferBucketsMs.size() + 1) continue;
+      if (str(q, "local").empty() || str(q, "peer").empty()) continue;
+      json* t = transfers.get({str(q, "local"), str(q, "peer")});
+      if (!t) continue;
+      json& c = (*t)["transfers"];
+      if (!c.is_array() || c.size() != counts.size()) c = json::array();
+      for (size_t i = 0; i < counts.size(); i++) {
+        if (c.size() <= i) c.push_back(uint64_t{0});
+        c[i] = plus(count(c[i]), count(counts[i]));
+      }
+      sum_field(*t, q, "transfer_ms");
+    }
     Keyed devices(rv["devices"], {"device"});
     for (auto& d : list(v, "devices"))
       if (json* t = devices.get({str(d, "device")})) fold_qp((*t)["untracked_qps"], at(d, "untracked_qps"));

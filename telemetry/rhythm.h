@@ -8,12 +8,18 @@
 // matches (0..1) is how sure the estimate is. A job that communicates all
 // the time, or at random, has no rhythm: none is reported.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
 namespace shunt::telemetry {
+
+// Bounds (ms) of the histogram of a QP's transfer times: how long each
+// stretch of work out on it lasted, from the busy sampler's looks (so to
+// about 20 ms), one step's exchange with that peer.
+inline constexpr std::array<int64_t, 10> kTransferBucketsMs{10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
 
 struct StepEstimate {
   double period_ms = 0;   // 0: no rhythm found

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <random>
@@ -21,7 +22,16 @@ struct Seen {
   uint64_t err = 0;     // error completions at the last look
   uint64_t offset = 0;  // outstanding WRs written off (an error completion ends a QP's sends)
   bool active = false, was_active = false;  // had work (or sent) at this look, at the one before
+  int64_t stretch_from = -1, stretch_to = -1;  // the current stretch of work: from the look before its first, to its last
 };
+
+// A stretch of work out on a QP that lasted ms: into its transfer histogram.
+void transfer_done(const QpRecord& r, int64_t ms) {
+  size_t i = 0;
+  while (i < telemetry::kTransferBucketsMs.size() && ms > telemetry::kTransferBucketsMs[i]) i++;
+  r.transfers[i].fetch_add(1, std::memory_order_relaxed);
+  r.transfer_ms.fetch_add(static_cast<uint64_t>(ms), std::memory_order_relaxed);
+}
 std::atomic<uint64_t> g_step_ends{0};
 
 uint64_t errors(const QpStats& s) {
@@ -55,8 +65,17 @@ int sample_busy(int64_t now_ms) {
     if (s.at_ms >= 0 && out > 0 && now_ms > s.at_ms) {
       r.busy_ms.fetch_add(static_cast<uint64_t>(now_ms - s.at_ms), std::memory_order_relaxed);
     }
+    const bool active = out > 0 || sent != s.sent;
+    // A stretch begins at the look before its first (a look after a long
+    // idle gap: 20 ms before it), as busy time is credited.
+    if (active) {
+      if (!s.active) s.stretch_from = s.at_ms >= 0 && now_ms - s.at_ms <= 100 ? s.at_ms : now_ms - 20;
+      s.stretch_to = now_ms;
+    } else if (s.active && s.stretch_from >= 0) {
+      transfer_done(r, std::max<int64_t>(0, s.stretch_to - s.stretch_from));
+    }
     s.was_active = s.active;
-    s.active = out > 0 || sent != s.sent;
+    s.active = active;
     busy += s.active;
     s.at_ms = now_ms;
     s.sent = sent;

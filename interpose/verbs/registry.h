@@ -6,12 +6,14 @@
 #pragma once
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
 
 #include "interpose/verbs/stats.h"
+#include "telemetry/rhythm.h"
 
 namespace shunt::verbs {
 
@@ -63,6 +65,10 @@ struct QpRecord {
   // Ends of the process's communication (busy.h: step_ends) at which this
   // QP was among the last with work: how often it held up a step. The sampler's.
   mutable std::atomic<uint64_t> last_steps{0};
+  // How long each stretch of work out on it lasted: counts per bound of
+  // telemetry::kTransferBucketsMs and one over them all, and their sum. The sampler's.
+  mutable std::array<std::atomic<uint64_t>, telemetry::kTransferBucketsMs.size() + 1> transfers{};
+  mutable std::atomic<uint64_t> transfer_ms{0};
 };
 
 // Patches ctx->ops (post_send, post_recv, poll_cq, req_notify_cq,

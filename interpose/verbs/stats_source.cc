@@ -121,6 +121,10 @@ void write_stats(json& snap, telemetry::Detail detail) {
       }
       q["busy_ms"] = r.busy_ms.load(std::memory_order_relaxed);
       q["last_steps"] = r.last_steps.load(std::memory_order_relaxed);
+      json transfers = json::array();
+      for (const auto& n : r.transfers) transfers.push_back(n.load(std::memory_order_relaxed));
+      q["transfers"] = std::move(transfers);  // per telemetry::kTransferBucketsMs bound, then over all
+      q["transfer_ms"] = r.transfer_ms.load(std::memory_order_relaxed);
       if (auto bj = verbs::bundle_json(r); !bj.is_null()) {
         // up: every path in service; degraded: some failed (or the
         // application's QP was moved off); fallback: primary-only or given up

@@ -329,6 +329,12 @@ TEST(HotPath, TheQpThatFinishesLastCountsTheStep) {
   EXPECT_EQ(step_ends(), ends + 3);
   EXPECT_EQ(r1->last_steps.load(), l1);
   EXPECT_EQ(r2->last_steps.load(), l2 + 3);
+  // Their transfer times: from 20 ms before the first look with work (the
+  // look before was long ago) to the last such look: 20 and 40 ms a step.
+  EXPECT_EQ(r1->transfers[1].load(), 3u) << "<= 25 ms";
+  EXPECT_EQ(r2->transfers[2].load(), 3u) << "<= 50 ms";
+  EXPECT_EQ(r1->transfer_ms.load(), 60u);
+  EXPECT_EQ(r2->transfer_ms.load(), 120u);
   untrack_qp(&d1->qp);
   untrack_qp(&d2->qp);
   unpatch_context(d1->ctx);

@@ -1,6 +1,7 @@
 // The exposition writer and the host view renderer, on synthetic reports.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -125,7 +126,7 @@ TEST(TelemetryMetrics, SummedClosedSocketsKeepCountsAndBytes) {
   EXPECT_TRUE(has(R"(shunt_path_tx_bytes_total{peer="b",rail="0",path="10.0.0.1->10.0.0.2"} 4111)"));
 }
 
-// Every counter sample of an exposition: series -> value.
+// Every counter sample of an exposition (a histogram's too): series -> value.
 std::map<std::string, std::string> counters(const std::string& text) {
   std::map<std::string, std::string> out;
   std::set<std::string> counter_families;
@@ -135,13 +136,17 @@ std::map<std::string, std::string> counters(const std::string& text) {
       std::istringstream w(line.substr(7));
       std::string name, type;
       w >> name >> type;
-      if (type == "counter") counter_families.insert(name);
+      if (type == "counter" || type == "histogram") counter_families.insert(name);
       continue;
     }
     if (line.empty() || line[0] == '#') continue;
     const size_t sp = line.rfind(' ');
     const std::string series = line.substr(0, sp);
-    if (counter_families.count(series.substr(0, series.find('{')))) out[series] = line.substr(sp + 1);
+    std::string family = series.substr(0, series.find('{'));
+    for (const char* part : {"_bucket", "_sum", "_count"})
+      if (family.ends_with(part) && counter_families.count(family.substr(0, family.size() - strlen(part))))
+        family.resize(family.size() - strlen(part));
+    if (counter_families.count(family)) out[series] = line.substr(sp + 1);
   }
   return out;
 }
@@ -158,6 +163,14 @@ TEST(TelemetryMetrics, CountersStayWhenAnExitedProcessIsLetGo) {
   gone["final"] = true;
   gone["replays"] = 3;
   gone["events_dropped"] = 2;
+  // Transfer times of the same pair in both: one histogram.
+  for (json* m : {&v.members["100"], &gone}) {
+    json& q = (*m)["verbs"]["qps"][0];
+    q["local"] = "10.0.0.1";
+    q["peer"] = "10.0.0.2";
+    q["transfers"] = {0, 1, 2, 0, 0, 3, 0, 0, 0, 0, 1};
+    q["transfer_ms"] = 20000;
+  }
   gone["verbs"]["devices"] = json::parse(R"([{"device":"rxe0","untracked_qps":{"send_bytes":70,"completions":2}}])");
   gone["sockets"].push_back(json::parse(R"({"role":"client","local":"10.0.0.1:9","peer":"10.0.0.3:6","tx_bytes":500,
     "rx_bytes":50,"open":true,"paths":[{"local":"10.0.0.1","remote":"10.0.0.3","tx_bytes":300,"rx_bytes":30},
@@ -187,13 +200,18 @@ TEST(TelemetryMetrics, CountersStayWhenAnExitedProcessIsLetGo) {
                              R"(shunt_bundle_path_failures_total{shunt_job="j",rank="0",device="rxe0",nic="rxe1",path="0"})",
                              R"(shunt_replays_total{shunt_job="j",rank="0"})",
                              R"(shunt_socket_accepts_total{shunt_job="j",rank="0",local="10.0.0.1"})",
-                             R"(shunt_qp_completions_total{shunt_job="j",rank="0",device="rxe0",type="untracked"})"})
+                             R"(shunt_qp_completions_total{shunt_job="j",rank="0",device="rxe0",type="untracked"})",
+                             R"(shunt_pair_transfer_seconds_bucket{local="10.0.0.1",peer="10.0.0.2",le="0.5"})",
+                             R"(shunt_pair_transfer_seconds_count{local="10.0.0.1",peer="10.0.0.2"})"})
     EXPECT_TRUE(before.count(series)) << series << " is a counter the test means to compare";
   auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
   EXPECT_TRUE(has(R"(shunt_process_mode{shunt_job="j",rank="0",mode="observe"} 1)")) << "the running one alone";
   EXPECT_TRUE(has(R"(shunt_qps{shunt_job="j",rank="0",state="live"} 1)"));
   EXPECT_TRUE(has(R"(shunt_processes{state="exited"} 1)"));
   EXPECT_TRUE(has(R"(shunt_sockets{state="closed",role="client"} 44)"));
+  EXPECT_TRUE(has(R"(shunt_pair_transfer_seconds_bucket{local="10.0.0.1",peer="10.0.0.2",le="0.05"} 6)")) << "cumulative";
+  EXPECT_TRUE(has(R"(shunt_pair_transfer_seconds_count{local="10.0.0.1",peer="10.0.0.2"} 14)"));
+  EXPECT_TRUE(has(R"(shunt_pair_transfer_seconds_sum{local="10.0.0.1",peer="10.0.0.2"} 40)"));
 
   // A second one of that rank adds to the same entry.
   fold_exited(v.retired, gone);
