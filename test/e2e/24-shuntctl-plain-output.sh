@@ -24,3 +24,13 @@ cat "$TMP/s.txt"
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$TMP/s.txt" 2>/dev/null && fail "sockets printed JSON without --json"
 grep -Eq "^sockets mode $(jget "$TMP/s.json" 'd["sockets_mode"]'), status " "$TMP/s.txt" || fail "sockets: no summary line"
 ok "members and sockets print tables"
+
+# diagnose --watch: a line a second, and with --plot a drawing, here with
+# nothing to draw (no verbs traffic, no probe peers): it says so.
+ctl diagnose --local --watch 2 --plot "$TMP/w.svg" >"$TMP/w.txt" || { cat "$TMP/w.txt"; fail "diagnose --watch exited $?"; }
+cat "$TMP/w.txt"
+[ "$(grep -Ec '^ +[0-9.]+ s  (healthy|SLOW)' "$TMP/w.txt")" = 2 ] || fail "diagnose --watch 2: not two lines"
+grep -qx "plot: $TMP/w.svg" "$TMP/w.txt" || fail "diagnose --watch: no plot line"
+grep -q "no step rhythm seen" "$TMP/w.svg" || fail "the plot does not say it saw no step"
+ctl diagnose --plot "$TMP/x.svg" 2>/dev/null && fail "--plot without --watch was taken"
+ok "diagnose --watch draws"

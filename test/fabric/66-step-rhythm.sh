@@ -6,7 +6,8 @@
 # training step's compute. While it runs, the job-wide `shuntctl diagnose`
 # (asked on h2, so through every host's agent) lists a step for each of the
 # four ranks, within 20% of the step the job itself measured (its run time
-# over its iterations), and its plain output says it. Every byte is right.
+# over its iterations), and its plain output says it; `diagnose --watch
+# --plot` draws the four ranks' steps. Every byte is right.
 . "$(dirname "$0")/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
@@ -35,6 +36,8 @@ while [ $((SECONDS - t0)) -lt $((DUR + 10)) ]; do
   if [ "$n" -ge 4 ]; then
     got=$((SECONDS - t0))
     fab exec h2 -- env SHUNT_JOB_KEY="$KEY" timeout 20 "$CTL" diagnose > "$TMP/d.txt" 2>&1
+    fab exec h2 -- env SHUNT_JOB_KEY="$KEY" timeout 30 "$CTL" diagnose --watch 4 --plot /tmp/step.svg > "$TMP/w.txt" 2>&1
+    fab exec h2 -- cat /tmp/step.svg > "$TMP/step.svg" 2>/dev/null
     break
   fi
 done
@@ -62,4 +65,7 @@ sys.exit(1 if bad else 0)
 PY
 grep -q "^step: " "$TMP/d.txt" || { cat "$TMP/d.txt"; fail "shuntctl diagnose's plain output has no step line"; }
 grep "^step: " "$TMP/d.txt"
+cat "$TMP/w.txt"
+[ "$(grep -Ec 'steps \(ms\):( [^ ]+:[0-9]+){4}$' "$TMP/w.txt")" -ge 3 ] || fail "diagnose --watch did not show four ranks' steps at most looks"
+[ "$(grep -Eo '>h[1-4]/[^<]*<' "$TMP/step.svg" | sort -u | wc -l)" -ge 4 ] || fail "the watch's plot lacks a rank's step line"
 echo "PASS: the step rhythm of every rank, $got s after the start"

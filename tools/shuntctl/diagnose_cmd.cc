@@ -1,12 +1,17 @@
 #include "tools/shuntctl/diagnose_cmd.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -109,9 +114,170 @@ json verdict(const json& hosts) {
   });
   return out;
 }
+// What --watch keeps of each look.
+struct WatchLook {
+  double t = 0;
+  std::string cause;                                            // the job's first cause, "" when healthy
+  std::map<std::string, double> steps;                          // "HOST/RANK" -> step ms
+  std::map<std::string, std::map<std::string, double>> queue;  // host -> spine -> its routes' longest queue, ms
+};
+
+WatchLook watch_look(double t, const json& hosts, const json& causes) {
+  WatchLook w;
+  w.t = t;
+  if (!causes.empty()) w.cause = causes[0].value("cause", "") + " " + causes[0].value("name", "");
+  for (const auto& h : hosts) {
+    const std::string host = h.value("host", "?");
+    for (const auto& s : h.value("steps", json::array()))
+      if (s.is_object() && s.value("period_ms", json()).is_number()) {
+        const json& r = s.value("rank", json());
+        w.steps[host + "/" + (r.is_string() && !r.get<std::string>().empty() ? r.get<std::string>() : s.value("pid", "?"))] =
+            s["period_ms"].get<double>();
+      }
+    for (const auto& q : h.value("queues", json::array())) {
+      if (!q.is_object() || !q.value("excess_ms", json()).is_number()) continue;
+      double& v = w.queue[host][q.value("router", "")];
+      v = std::max(v, q["excess_ms"].get<double>());
+    }
+  }
+  return w;
+}
+
+std::string gp_quoted(std::string s) {
+  for (char& c : s)
+    if (c == '"' || c == '\\' || c == '\n') c = '\'';
+  return "\"" + s + "\"";
+}
+
+// The watch drawn with gnuplot: each rank's step time above, the queue of
+// the routes through the spine of the link blamed most often below (the
+// longest route queue of each host when no link was blamed), a dashed line
+// at each change of the verdict.
+bool plot_watch(const std::vector<WatchLook>& looks, const std::string& file, std::string* err) {
+  std::map<std::string, int> blamed;  // spine -> looks a link to it was the verdict
+  for (const auto& w : looks)
+    if (w.cause.rfind("link ", 0) == 0 && w.cause.find(" ~ ") != std::string::npos)
+      blamed[w.cause.substr(w.cause.find(" ~ ") + 3)]++;
+  std::string spine;
+  for (const auto& [s, n] : blamed)
+    if (spine.empty() || n > blamed[spine]) spine = s;
+  std::ostringstream gp;
+  gp << (file.size() >= 4 && file.compare(file.size() - 4, 4, ".svg") == 0
+             ? "set terminal svg size 1000,650 dynamic background rgb 'white'\n"
+             : "set terminal pngcairo size 1000,650\n");
+  gp << "set output " << gp_quoted(file) << "\n";
+  std::set<std::string> ranks, hosts;
+  for (const auto& w : looks) {
+    for (const auto& [k, v] : w.steps) ranks.insert(k);
+    for (const auto& [h, q] : w.queue) hosts.insert(h);
+  }
+  int i = 0;
+  for (const auto& k : ranks) {
+    gp << "$s" << i++ << " << EOD\n";
+    for (const auto& w : looks)
+      if (w.steps.count(k)) gp << w.t << " " << w.steps.at(k) << "\n";
+    gp << "EOD\n";
+  }
+  i = 0;
+  for (const auto& h : hosts) {
+    gp << "$q" << i++ << " << EOD\n";
+    for (const auto& w : looks) {
+      auto it = w.queue.find(h);
+      if (it == w.queue.end()) continue;
+      double v = -1;
+      for (const auto& [s, x] : it->second)
+        if (spine.empty() || s == spine) v = std::max(v, x);
+      if (v >= 0) gp << w.t << " " << v << "\n";
+    }
+    gp << "EOD\n";
+  }
+  const double end = looks.empty() ? 1 : std::max(1.0, looks.back().t);
+  gp << "set multiplot layout 2,1 title " << gp_quoted("shuntctl diagnose --watch") << "\n"
+     << "set grid\nset key top right\nset xrange [0:" << end << "]\nset yrange [0:*]\n";
+  int n = 0;
+  for (size_t j = 1; j < looks.size(); j++)
+    if (looks[j].cause != looks[j - 1].cause) {
+      const double t = looks[j].t;
+      gp << "set arrow from " << t << ", graph 0 to " << t << ", graph 1 nohead dt 2 lw 1.5 lc rgb 'red'\n"
+         << "set label " << ++n << " " << gp_quoted(looks[j].cause.empty() ? "healthy" : looks[j].cause) << " at " << t
+         << ", graph 0.97 rotate by 90 right offset -0.8,0 tc rgb 'red' font ',8'\n";
+    }
+  auto plot = [&](const char* block, const std::set<std::string>& names, const std::string& none) {
+    if (names.empty()) {
+      gp << "set yrange [0:1]\nset label " << ++n << " " << gp_quoted(none) << " at graph 0.5, graph 0.5 center\n"
+         << "plot -1 notitle\nset yrange [0:*]\n";
+      return;
+    }
+    gp << "plot ";
+    int k = 0;
+    for (const auto& name : names) {
+      gp << (k ? ", " : "") << "$" << block << k << " using 1:2 with lines lw 2 title " << gp_quoted(name);
+      k++;
+    }
+    gp << "\n";
+  };
+  gp << "set ylabel 'step time (ms)'\n";
+  plot("s", ranks, "no step rhythm seen");
+  gp << "set xlabel 'time (s)'\nset ylabel " << gp_quoted(spine.empty() ? "longest route queue (ms)" : "queue via " + spine + " (ms)")
+     << "\n";
+  plot("q", hosts, "no route queues (probing off?)");
+  gp << "unset multiplot\n";
+  FILE* g = popen("gnuplot 2>&1", "w");
+  if (!g) {
+    *err = "cannot run gnuplot";
+    return false;
+  }
+  const std::string text = gp.str();
+  fwrite(text.data(), 1, text.size(), g);
+  const int status = pclose(g);
+  if (status != 0) {
+    *err = "gnuplot could not draw " + file + (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (is gnuplot installed?)" : "");
+    return false;
+  }
+  return true;
+}
+
+int watch(std::ostream& out, const DiagnoseArgs& a) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  std::vector<WatchLook> looks;
+  for (int i = 0; i < a.watch_s; i++) {
+    int rc = 0;
+    auto own = ask_agent({{"cmd", "diagnose"}}, &rc);
+    const double t = std::chrono::duration<double>(clock::now() - start).count();
+    if (own) {
+      std::vector<std::string> unanswered;
+      json hosts = gather(*own, a, &unanswered), causes = json::array();
+      for (auto& c : verdict(hosts))
+        if (!c.value("watch", false)) causes.push_back(c);
+      looks.push_back(watch_look(t, hosts, causes));
+      const WatchLook& w = looks.back();
+      std::string steps;
+      for (const auto& [k, v] : w.steps) steps += " " + k + ":" + std::to_string(static_cast<long>(v + 0.5));
+      char head[64];
+      std::snprintf(head, sizeof head, "%7.1f s  ", t);
+      out << head << (w.cause.empty() ? "healthy" : "SLOW: " + w.cause) << (steps.empty() ? "" : "  steps (ms):" + steps)
+          << std::endl;
+    } else if (looks.empty() && i == 0) {
+      return rc;
+    }
+    const auto next = start + std::chrono::seconds(i + 1);
+    if (i + 1 < a.watch_s && clock::now() < next) usleep(static_cast<useconds_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(next - clock::now()).count()));
+  }
+  if (a.plot.empty()) return 0;
+  std::string err;
+  if (!plot_watch(looks, a.plot, &err)) {
+    std::cerr << "shuntctl diagnose: " << err << "\n";
+    return 1;
+  }
+  out << "plot: " << a.plot << "\n";
+  return 0;
+}
 }  // namespace
 
 int diagnose_command(std::ostream& out, const DiagnoseArgs& a) {
+  if (a.watch_s > 0) return watch(out, a);
   int rc = 0;
   auto own = ask_agent({{"cmd", "diagnose"}}, &rc);
   if (!own) return rc;

@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
   diagnose->add_flag("--json", da.json, "JSON output");
   diagnose->add_flag("--local", da.local, "This host's view alone (do not ask the other hosts' agents)");
   diagnose->add_option("--timeout", da.timeout_ms, "Milliseconds to wait for each other host")->check(CLI::Range(100, 60000));
+  diagnose->add_option("--watch", da.watch_s, "Ask once a second for this many seconds, a line each time")
+      ->check(CLI::Range(1, 86400));
+  diagnose->add_option("--plot", da.plot, "With --watch: draw each rank's step time over the blamed route's queue (FILE.svg or FILE.png)")
+      ->needs("--watch");
   shunt::ctl::ProbingArgs pa;
   auto* probing = app.add_subcommand(
       "probing", "Pause the host's probe engine (every host of the job at the same time, to price probing), or end a pause");
