@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -33,7 +34,9 @@ struct State {
   bool in_look = false;
   std::mutex mu;  // guards latest
   json latest;
+  std::deque<double> step_past;  // this host's step time (ms) at the healthy looks, the last kStepPast
 };
+constexpr size_t kStepPast = 60;
 State& st() {
   static auto* s = new State;
   return *s;
@@ -185,6 +188,21 @@ void look() {
     looks.insert(looks.end(), own.begin(), own.end());
     auto queues = route_queues(e, members, own_pid, own_ports(), s.d);
     s.d.look(now, looks, queues);
+    // This host's step time (the median over its ranks) against its own
+    // recent baseline: evidence that a slowdown costs the job, not only a pair.
+    json steps = steps_of(members, own_pid);
+    std::vector<double> ms;
+    for (const auto& st : steps) ms.push_back(st["period_ms"].get<double>());
+    json step = nullptr;
+    if (!ms.empty()) {
+      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+      step = {{"ms", ms[ms.size() / 2]}};
+      if (!s.step_past.empty()) {
+        std::vector<double> past(s.step_past.begin(), s.step_past.end());
+        std::nth_element(past.begin(), past.begin() + past.size() / 2, past.end());
+        step["baseline_ms"] = past[past.size() / 2];
+      }
+    }
     for (const auto& c : s.d.take_changes()) {
       const std::string kind = c.value("event", "");
       const std::string cause = c.value("cause", ""), name = c.value("name", "");
@@ -197,7 +215,10 @@ void look() {
                            {"evidence", c.value("evidence", "")},
                            {"worst_factor", c.value("worst_factor", 1.0)},
                            {"slow_pairs", c.value("slow_pairs", 0)},
-                           {"pairs", pairs}});
+                           // the host's step time now and its healthy baseline, ms (-1: no rhythm seen)
+                           {"step_ms", step.is_object() ? step["ms"].get<double>() : -1.0},
+                           {"step_baseline_ms", step.is_object() ? step.value("baseline_ms", -1.0) : -1.0},
+                           {"pairs", pairs}});  // last: a long line loses its last fields
         log::info("diagnose: slowdown blamed on {} {} ({})", cause, name, c.value("evidence", ""));
       } else {
         event("slowdown_end", {{"cause", cause}, {"blamed", name}, {"lasted_ms", c.value("lasted_ms", int64_t{0})}});
@@ -206,7 +227,12 @@ void look() {
     }
     json v = s.d.view();
     v["host"] = host_name();
-    v["steps"] = steps_of(members, own_pid);
+    v["steps"] = std::move(steps);
+    v["step"] = step;
+    if (step.is_object() && v.value("state", "") == "healthy") {
+      s.step_past.push_back(step["ms"].get<double>());
+      while (s.step_past.size() > kStepPast) s.step_past.pop_front();
+    }
     std::lock_guard l(s.mu);
     s.latest = std::move(v);
   } catch (const std::exception& ex) {
