@@ -33,7 +33,7 @@
 #include "interpose/verbs/busy.h"
 #include "peer/agent_socket.h"
 #include "peer/control.h"
-#include "telemetry/metrics.h"
+#include "telemetry/retired.h"
 #include "telemetry/stats_file.h"
 
 namespace shunt::agent {

@@ -20,7 +20,7 @@ struct HostView {
   double uptime_s = 0;
   nlohmann::json diagnosis;  // Diagnoser::view() (diagnose.h), null when none
   uint64_t exited_dropped = 0;  // exited processes no longer in members (agent::exited_dropped)
-  nlohmann::json retired = nlohmann::json::array();  // their counters: fold_exited()
+  nlohmann::json retired = nlohmann::json::array();  // their counters: fold_exited() (retired.h)
 };
 HostView host_view_from(const nlohmann::json& answer);
 nlohmann::json host_view_json(const HostView& v);
@@ -40,15 +40,5 @@ nlohmann::json paths_view(const HostView& v);
 nlohmann::json bundle_paths_view(const HostView& v);
 
 std::string render_metrics(const HostView& v);
-
-// Folds an exited member's counters (the only thing left of it once the
-// agent lets its report go) into retired: one entry per job and rank, in a
-// member's own form but with counters alone, so every counter series that
-// sums processes of that job and rank never goes backwards. Entries and
-// their lists are bounded (kMaxRetired, kMaxRetiredKeys); what is beyond
-// them is not kept.
-constexpr size_t kMaxRetired = 1024;
-constexpr size_t kMaxRetiredKeys = 4096;
-void fold_exited(nlohmann::json& retired, const nlohmann::json& member);
 
 }  // namespace shunt::telemetry

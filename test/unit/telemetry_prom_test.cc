@@ -11,6 +11,7 @@
 #include "clocksync/path_view.h"
 #include "telemetry/metrics.h"
 #include "telemetry/prom.h"
+#include "telemetry/retired.h"
 
 namespace shunt::telemetry {
 namespace {
