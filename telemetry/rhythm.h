@@ -34,13 +34,15 @@ class StepRhythm {
   static constexpr size_t kBins = 1000;     // 20 s of history
   static constexpr size_t kMinBins = 150;   // 3 s before any estimate
   static constexpr double kMinConfidence = 0.4;
+  static constexpr int64_t kViewMs = 1000;  // view() estimates again once the looks moved on this far
 
   // A look of the sampler at now_ms (monotonic): whether any QP had work
   // out. The time since the previous look counts as that (as the sampler
   // credits busy time).
   void look(int64_t now_ms, bool busy);
   StepEstimate estimate() const;
-  // {"period_ms", "confidence", "comm_share"}, or null without a rhythm.
+  // {"period_ms", "confidence", "comm_share"}, or null without a rhythm:
+  // estimate() again only once the looks moved on kViewMs since the last.
   nlohmann::json view() const;
 
  private:
@@ -48,6 +50,9 @@ class StepRhythm {
   std::deque<uint8_t> bins_;    // busy ms per bin, the last one still filling
   int64_t first_bin_ = 0;       // bin number (now_ms / kBinMs) of bins_.front()
   int64_t last_ms_ = -1;
+  mutable std::mutex view_mu_;  // view()'s estimate, taken outside mu_
+  mutable StepEstimate view_;
+  mutable int64_t view_at_ = -1;  // last_ms_ when view_ was estimated
 };
 
 // This process's (fed by the busy sampler). Never destroyed.

@@ -2,7 +2,9 @@
 // jittered) at synthetic jobs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
+#include <vector>
 
 #include "telemetry/rhythm.h"
 
@@ -87,6 +89,56 @@ TEST(StepRhythm, ViewRoundsItsFigures) {
   ASSERT_TRUE(v.is_object());
   EXPECT_NEAR(v["period_ms"].get<double>(), 500, 30);
   EXPECT_NEAR(v["comm_share"].get<double>(), 0.3, 0.03);  // a look credits the 20 ms before it
+}
+
+// The sums are taken in integers with the mean removed after: the same
+// autocorrelation as the plain one, in doubles, over the same bins.
+TEST(StepRhythm, TheConfidenceIsThePlainAutocorrelationAtTheStep) {
+  StepRhythm r;
+  std::mt19937 rng(7);
+  std::vector<double> bins;  // busy share per 20 ms bin, as the looks below fill them
+  r.look(0, false);          // the history starts here
+  for (int64_t b = 0; b < 900; b++) {
+    // Two looks a bin (10 ms each): 0, 10 or 20 ms busy, a step of 30 bins
+    // busy at its start and a little noise.
+    double busy = 0;
+    for (int half = 0; half < 2; half++) {
+      const bool on = (b % 30 < 8) != (rng() % 10 == 0);
+      r.look(b * 20 + 10 * (half + 1), on);
+      busy += on ? 10 : 0;
+    }
+    bins.push_back(busy / 20);
+  }
+  const StepEstimate e = r.estimate();
+  ASSERT_GT(e.period_ms, 0);
+  EXPECT_NEAR(e.period_ms, 600, 20);
+  // (The bin the last look opened is still empty, and left out.)
+  const size_t n = bins.size(), k = static_cast<size_t>(std::lround(e.period_ms / StepRhythm::kBinMs));
+  double mean = 0, var = 0, c = 0;
+  for (double v : bins) mean += v;
+  mean /= static_cast<double>(n);
+  for (double v : bins) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(n);
+  for (size_t i = 0; i + k < n; i++) c += (bins[i] - mean) * (bins[i + k] - mean);
+  EXPECT_NEAR(e.confidence, std::min(1.0, c / static_cast<double>(n - k) / var), 1e-9);
+  EXPECT_NEAR(e.comm_share, mean, 1e-9);
+}
+
+// view() estimates again only once the looks have moved on a second.
+TEST(StepRhythm, ViewIsEstimatedOnceASecond) {
+  StepRhythm r;
+  for (int64_t t = 0; t < 20000; t += 20) r.look(t, t % 500 < 150);
+  const nlohmann::json first = r.view();
+  ASSERT_TRUE(first.is_object());
+  // Busy for the next 0.9 s: the estimate moves, the view does not yet.
+  for (int64_t t = 20000; t < 20900; t += 20) r.look(t, true);
+  EXPECT_GT(r.estimate().comm_share, first["comm_share"].get<double>() + 0.01);
+  EXPECT_EQ(r.view(), first);
+  for (int64_t t = 20900; t <= 21100; t += 20) r.look(t, true);
+  const nlohmann::json later = r.view();
+  ASSERT_TRUE(later.is_object());
+  EXPECT_NEAR(later["comm_share"].get<double>(), r.estimate().comm_share, 0.006);
+  EXPECT_NE(later, first);
 }
 
 }  // namespace
