@@ -32,29 +32,35 @@ void StepRhythm::look(int64_t now_ms, bool busy) {
   last_ms_ = now_ms;
 }
 
-StepEstimate StepRhythm::estimate() const {
-  std::vector<int32_t> x;  // busy ms per whole bin (the last one is still filling)
-  {
-    std::lock_guard lk(mu_);
-    if (bins_.size() < 2) return {};
-    x.assign(bins_.begin(), bins_.end() - 1);
+namespace {
+
+// The step in raw (busy ms per bin) smoothed over w bins, as
+// {period in bins, confidence}; {0, 0} without one.
+std::pair<double, double> periodicity(const std::vector<int32_t>& raw, size_t w) {
+  if (raw.size() < 2 * w) return {0, 0};
+  // A moving sum over w bins: a step's communication whose start or length
+  // varies from step to step (a late look of a starved sampler credits its
+  // whole gap at once) still overlaps its neighbours' at the step's lag.
+  const size_t n = raw.size() - w + 1;
+  std::vector<int32_t> x(n);
+  int32_t run = 0;
+  for (size_t i = 0; i < w; i++) run += raw[i];
+  for (size_t i = 0; i < n; i++) {
+    x[i] = run;
+    if (i + w < raw.size()) run += raw[i + w] - raw[i];
   }
-  StepEstimate e;
-  const size_t n = x.size();
-  e.span_ms = static_cast<double>(n * kBinMs);
-  // prefix[j]: the busy ms of the first j bins
+  // prefix[j]: the sum of the first j smoothed bins
   std::vector<int64_t> prefix(n + 1, 0);
   int64_t squares = 0;
   for (size_t i = 0; i < n; i++) {
     prefix[i + 1] = prefix[i] + x[i];
     squares += int64_t(x[i]) * x[i];
   }
-  const double dn = static_cast<double>(n), mean = static_cast<double>(prefix[n]) / dn;  // in ms a bin
-  e.comm_share = mean / kBinMs;
-  if (n < kMinBins) return e;
+  const double dn = static_cast<double>(n), mean = static_cast<double>(prefix[n]) / dn;
   const double var = static_cast<double>(squares) / dn - mean * mean;
   // Busy all the time, or idle: nothing repeats. (A step must have both.)
-  if (var < 0.01 * kBinMs * kBinMs) return e;
+  const double unit = static_cast<double>(StepRhythm::kBinMs) * static_cast<double>(w);  // w bins wholly busy
+  if (var < 0.01 * unit * unit) return {0, 0};
   // The autocorrelation over lags up to half the span (two steps at least),
   // each lag's products averaged over the pairs it has. The products are
   // summed in integers and the mean taken out after:
@@ -68,7 +74,7 @@ StepEstimate StepRhythm::estimate() const {
     int64_t c = 0;
     const int32_t* a = x.data();
     const int32_t* b = x.data() + k;
-    for (size_t i = 0, m = n - k; i < m; i++) c += a[i] * b[i];
+    for (size_t i = 0, m = n - k; i < m; i++) c += int64_t(a[i]) * b[i];
     const double head = static_cast<double>(prefix[n - k]), tail = static_cast<double>(prefix[n] - prefix[k]);
     const double pairs = static_cast<double>(n - k);
     r[k] = (static_cast<double>(c) - mean * (head + tail) + pairs * mean * mean) / pairs / var;
@@ -86,7 +92,7 @@ StepEstimate StepRhythm::estimate() const {
       peaks.push_back(k);
       best = std::max(best, r[k]);
     }
-  if (best < kMinConfidence) return e;
+  if (best <= 0) return {0, 0};
   size_t k = 0;
   for (size_t p : peaks)
     if (r[p] >= 0.85 * best) {
@@ -98,8 +104,36 @@ StepEstimate StepRhythm::estimate() const {
   double shift = 0;
   const double den = r[k - 1] - 2 * r[k] + r[k + 1];
   if (den < 0) shift = std::clamp(0.5 * (r[k - 1] - r[k + 1]) / den, -0.5, 0.5);
-  e.period_ms = (static_cast<double>(k) + shift) * kBinMs;
-  e.confidence = std::min(1.0, r[k]);
+  return {static_cast<double>(k) + shift, std::min(1.0, r[k])};
+}
+
+}  // namespace
+
+StepEstimate StepRhythm::estimate() const {
+  std::vector<int32_t> x;  // busy ms per whole bin (the last one is still filling)
+  {
+    std::lock_guard lk(mu_);
+    if (bins_.size() < 2) return {};
+    x.assign(bins_.begin(), bins_.end() - 1);
+  }
+  StepEstimate e;
+  e.span_ms = static_cast<double>(x.size() * kBinMs);
+  int64_t busy = 0;
+  for (int32_t v : x) busy += v;
+  e.comm_share = x.empty() ? 0 : static_cast<double>(busy) / static_cast<double>(x.size()) / kBinMs;
+  if (x.size() < kMinBins) return e;
+  // As it is, and smoothed over 100, 200 and 400 ms: the one whose step stands out most,
+  // of those no wider than a quarter of the step they find (wider ones
+  // blur the step itself away).
+  for (size_t w : kSmoothBins) {
+    const auto [period, sure] = periodicity(x, w);
+    if (period <= 0 || static_cast<double>(4 * w) > period + 0.5) continue;
+    if (sure > e.confidence) {
+      e.confidence = sure;
+      e.period_ms = period * kBinMs;
+    }
+  }
+  if (e.confidence < kMinConfidence) e.period_ms = e.confidence = 0;
   return e;
 }
 

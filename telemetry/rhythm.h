@@ -33,6 +33,7 @@ class StepRhythm {
   static constexpr int64_t kBinMs = 20;
   static constexpr size_t kBins = 1000;     // 20 s of history
   static constexpr size_t kMinBins = 150;   // 3 s before any estimate
+  static constexpr std::array<size_t, 4> kSmoothBins{1, 5, 10, 20};  // the estimate's moving sums: 20-400 ms
   static constexpr double kMinConfidence = 0.4;
   static constexpr int64_t kViewMs = 1000;  // view() estimates again once the looks moved on this far
 
