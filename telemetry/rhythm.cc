@@ -66,8 +66,8 @@ std::pair<double, double> periodicity(const std::vector<int32_t>& raw, size_t w)
   // summed in integers and the mean taken out after:
   //   sum (x[i] - m)(x[i+k] - m) = sum x[i]x[i+k] - m (head + tail) + (n-k) m^2
   // with head and tail the sums of the two overlapping stretches. In
-  // doubles the sums cost a one-CPU soft-RoCE guest (emulated floating
-  // point) 4% of the job's CPU at three estimates a second.
+  // doubles, one pass at each of three views a second cost a one-CPU
+  // soft-RoCE guest (emulated floating point) 4% of the job's CPU.
   const size_t max_lag = n / 2;
   std::vector<double> r(max_lag + 2, 0.0);
   for (size_t k = 1; k <= max_lag + 1 && k < n; k++) {
@@ -120,11 +120,11 @@ StepEstimate StepRhythm::estimate() const {
   e.span_ms = static_cast<double>(x.size() * kBinMs);
   int64_t busy = 0;
   for (int32_t v : x) busy += v;
-  e.comm_share = x.empty() ? 0 : static_cast<double>(busy) / static_cast<double>(x.size()) / kBinMs;
+  e.comm_share = static_cast<double>(busy) / static_cast<double>(x.size()) / kBinMs;
   if (x.size() < kMinBins) return e;
-  // As it is, and smoothed over 100, 200 and 400 ms: the one whose step stands out most,
-  // of those no wider than a quarter of the step they find (wider ones
-  // blur the step itself away).
+  // As it is, and smoothed over 100, 200 and 400 ms: the one whose step
+  // stands out most, of those no wider than a quarter of the step they
+  // find (wider ones blur the step itself away).
   for (size_t w : kSmoothBins) {
     const auto [period, sure] = periodicity(x, w);
     if (period <= 0 || static_cast<double>(4 * w) > period + 0.5) continue;
