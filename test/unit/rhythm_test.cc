@@ -169,16 +169,17 @@ TEST(StepRhythm, TheConfidenceIsThePlainAutocorrelationOfTheSmoothedSeries) {
 }
 
 // view() estimates again only once the looks have moved on a second.
-TEST(StepRhythm, ViewIsEstimatedOnceASecond) {
+TEST(StepRhythm, ViewIsEstimatedOnceInKViewMs) {
   StepRhythm r;
   for (int64_t t = 0; t < 20000; t += 20) r.look(t, t % 500 < 150);
   const nlohmann::json first = r.view();
   ASSERT_TRUE(first.is_object());
-  // Busy for the next 0.9 s: the estimate moves, the view does not yet.
-  for (int64_t t = 20000; t < 20900; t += 20) r.look(t, true);
+  // Busy for the next kViewMs less 100 ms: the estimate moves, the view does not yet.
+  const int64_t until = 20000 + StepRhythm::kViewMs - 100;
+  for (int64_t t = 20000; t < until; t += 20) r.look(t, true);
   EXPECT_GT(r.estimate().comm_share, first["comm_share"].get<double>() + 0.01);
   EXPECT_EQ(r.view(), first);
-  for (int64_t t = 20900; t <= 21100; t += 20) r.look(t, true);
+  for (int64_t t = until; t <= until + 200; t += 20) r.look(t, true);
   const nlohmann::json later = r.view();
   ASSERT_TRUE(later.is_object());
   EXPECT_NEAR(later["comm_share"].get<double>(), r.estimate().comm_share, 0.006);
