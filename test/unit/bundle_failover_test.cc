@@ -424,6 +424,35 @@ TEST(Bundle, AShadowWhoseProbesAreLostFails) {
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[2], true}}), 0);  // unknown ports: no verdict
 }
 
+// A path whose probes are lost while its work keeps completing is kept:
+// the completions prove that its route carries packets (probes lost or late
+// behind the path's own traffic in a full queue). Once none completed for
+// two looks of the stall watch, it fails by its lost probes as before.
+TEST(Bundle, APathWhoseWorkCompletesIsKeptThoughItsProbesAreLost) {
+  Rig r;
+  const std::vector<uint16_t> port = shadow_ports(r);
+  ASSERT_EQ(port.size(), 3u);
+  bundle_spread_for_test(r.rec, 2, 65536);
+  static char buf[256 * 1024];
+  const int64_t t = 100000;
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}, t), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  ASSERT_EQ(r.post_remote(IBV_WR_RDMA_WRITE, 2, buf, sizeof buf, 0x100000), 0);
+  std::set<uint32_t> used;
+  for (auto& p : g_posted) used.insert(p.qpn), complete(p.qpn, p.wr_id);
+  ASSERT_TRUE(used.count(r.sh[1].qp_num));
+  g_posted.clear();
+  r.poll();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 250, 2000, -1), 0);  // this look finds its work done
+  bool spared = false;
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}, t + 400, &spared), 0);
+  EXPECT_TRUE(spared);
+  EXPECT_FALSE(bundle_json(*r.rec)["paths"][1]["down"].get<bool>());
+  EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}, t + 750, &spared), 1);
+  EXPECT_FALSE(spared);
+  EXPECT_TRUE(bundle_json(*r.rec)["paths"][1]["down"].get<bool>());
+}
+
 // A shadow that failed keeps its port until it is renewed, and that port
 // is still probed: once its probes, lost since, get through again, the
 // route is back and the renewal does not wait out its backoff.

@@ -8,6 +8,7 @@
 // states, events, one pure transition each); test hooks are in testing/.
 // Only these files include it.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
@@ -320,7 +321,11 @@ json answer_carrier_commit(const json& req);
 
 // ---- detect.cc
 int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms);
-int fail_silent_paths(Bundle* b, const ProbeStats& stats);
+// The stall watch's look interval for SHUNT_STALL_MS = stall_ms.
+inline int64_t watch_tick_ms(int64_t stall_ms) { return stall_ms ? std::clamp<int64_t>(stall_ms / 8, 50, 1000) : 1000; }
+// *spared: a path whose probes are lost was kept for its work completing
+// (ask again soon: the route may have just gone dark).
+int fail_silent_paths(Bundle* b, const ProbeStats& stats, int64_t now_ms, bool* spared = nullptr);
 int on_port_event(const std::string& device, int port, bool up, bool wake = true);
 void start_stall_watch();
 void watch_resync(bool wait);

@@ -74,6 +74,7 @@ struct WorkerState {
   std::vector<int> reported;
   int64_t probed_fail_ms = 0;  // the failure (Bundle::fail_ms) after which every path was probed
   bool unreachable_logged = false;
+  bool recheck = false;  // a path whose probes are lost was kept (fail_silent_paths): ask again soon
 };
 
 // What one round found.
@@ -104,6 +105,7 @@ void sleep_until_due(Bundle* b, const WorkerState& w) {
     for (const auto& p : b->paths) whole &= !p.down() && !p.probation();
     if (whole) wait_ms = 200;
     if (whole && w.counts_open && g_gen_watch_ok.load() && !b->split && !b->carrier_steer) wait_ms = kQuietMs;
+    if (w.recheck) wait_ms = std::min(wait_ms, static_cast<int>(ProbeAsk::kEveryMs));
   }
   std::unique_lock lock(b->wmu);
   b->wcv.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return b->wake; });
@@ -140,7 +142,13 @@ bool probes_and_steering(Bundle* b, WorkerState& w, Round* r) {
     if (steer_due) w.next_steer = t + config().num(Param::steer_interval_ms);
     ProbeStats st;
     if (probe_stats(b, &st)) {
-      if (check_due) fail_silent_paths(b, st);
+      if (check_due) {
+        bool spared = false;
+        fail_silent_paths(b, st, mono_ms(), &spared);
+        // A path kept for its work completing: its verdict again next round.
+        if (spared) w.ask.unanswered(t);
+        w.recheck = spared;
+      }
       if (steer_due && b->split) steer_tick(b, st);
       else if (steer_due) r->steer_to = carrier_steer_tick(b, st, w.decides, &r->steer_why);
     } else if (check_due) {

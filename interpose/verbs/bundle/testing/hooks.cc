@@ -1,5 +1,6 @@
 // Test hooks: hand-built bundles and single steps of the failover for the unit tests and the microbenchmark; linked into those only.
 #include "interpose/verbs/bundle/testing/hooks.h"
+#include "core/mono.h"
 #include "interpose/verbs/bundle/parts.h"
 
 #include <unistd.h>
@@ -94,10 +95,11 @@ int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, 
   return check_stalls(b, now_ms, stall_ms, [=](int) { return retx_ms; });
 }
 
-int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive) {
+int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive, int64_t now_ms,
+                           bool* spared) {
   ProbeStats st;
   for (auto [port, up] : alive) st[{0, port}] = json{{"port", port}, {"alive", up}};
-  return fail_silent_paths(r->bundle.load(), st);
+  return fail_silent_paths(r->bundle.load(), st, now_ms < 0 ? mono_ms() : now_ms, spared);
 }
 
 bool bundle_renew_now_for_test(QpRecord* r) { return r->bundle.load()->renew_now.exchange(false); }

@@ -40,7 +40,9 @@ bool bundle_probation_for_test(QpRecord* r, int path);
 int bundle_check_stalls_for_test(QpRecord* r, int64_t now_ms, int64_t stall_ms, int64_t retx_ms);
 // What the host agent's probes say of the shadows' source ports on the
 // bundle's own NIC ((port, alive) pairs): fails those whose probes are lost.
-int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive);
+// now_ms < 0: the monotonic clock's now. *spared: fail_silent_paths' own.
+int bundle_probes_for_test(QpRecord* r, const std::vector<std::pair<uint16_t, bool>>& alive, int64_t now_ms = -1,
+                           bool* spared = nullptr);
 // Whether a failed path is to be renewed now (its route came back), cleared.
 bool bundle_renew_now_for_test(QpRecord* r);
 // Puts a failed path back in service as a renewal does (on probation).
