@@ -8,10 +8,12 @@
 # THREAD_CPU_DETAIL=1 also prints "thread NAME TICKS" for each helper
 # thread (threads of one name summed), to see which of them costs.
 comm=$1 delay=$2 span=$3
-declare -A by0 by1
-snap() {  # -> "helper_ticks total_ticks idle_ticks"; the per-name ticks in by[]
-  local p= c n t s h=0 tot=0 x
-  by=()
+declare -A ticks name first
+# snap: the guest's "total idle" ticks on stdout's file; each helper thread's
+# ticks in ticks[TID] (and its name in name[TID]), from scratch
+snap() {
+  local p= c n t s tot=0 x
+  ticks=()
   for c in /proc/[0-9]*/comm; do
     { read -r n < "$c"; } 2>/dev/null && [ "$n" = "$comm" ] && { p=${c%/comm}; p=${p#/proc/}; }
   done
@@ -20,26 +22,37 @@ snap() {  # -> "helper_ticks total_ticks idle_ticks"; the per-name ticks in by[]
       [ "${t##*/}" = "$p" ] && continue
       { read -r s < "$t/stat"; } 2>/dev/null || continue
       set -- ${s##*)}
-      h=$((h + ${12} + ${13}))
-      if [ -n "$THREAD_CPU_DETAIL" ]; then
-        { read -r n < "$t/comm"; } 2>/dev/null || n=?
-        by[$n]=$((${by[$n]:-0} + ${12} + ${13}))
-      fi
+      ticks[${t##*/}]=$((${12} + ${13}))
+      { read -r n < "$t/comm"; } 2>/dev/null || n=?
+      name[${t##*/}]=$n
     done
   fi
   read -r _ s < /proc/stat
   for x in $s; do tot=$((tot + x)); done
   set -- $s
-  echo "$h $tot $4"
+  echo "$tot $4"
 }
-declare -A by
 sleep "$delay"
 snap > "${TMPDIR:-/tmp}/thread-cpu.$$"
-read -r h0 t0 i0 < "${TMPDIR:-/tmp}/thread-cpu.$$"
-for n in "${!by[@]}"; do by0[$n]=${by[$n]}; done
+read -r t0 i0 < "${TMPDIR:-/tmp}/thread-cpu.$$"
+for tid in "${!ticks[@]}"; do first[$tid]=${ticks[$tid]}; done
 sleep "$span"
 snap > "${TMPDIR:-/tmp}/thread-cpu.$$"
-read -r h1 t1 i1 < "${TMPDIR:-/tmp}/thread-cpu.$$"
+read -r t1 i1 < "${TMPDIR:-/tmp}/thread-cpu.$$"
 rm -f "${TMPDIR:-/tmp}/thread-cpu.$$"
-echo "helpers $((h1 - h0)) total $((t1 - t0)) idle $((i1 - i0))"
-for n in "${!by[@]}"; do echo "thread $n $((${by[$n]} - ${by0[$n]:-0}))"; done
+# Per thread, by its id: a thread that exited within the span is left out
+# (summed over whatever threads each snapshot found, one that exited, or a
+# snapshot of another process, made the share negative); one born within
+# it counts whole.
+declare -A by
+h=0
+for tid in "${!ticks[@]}"; do
+  d=$((${ticks[$tid]} - ${first[$tid]:-0}))
+  [ $d -lt 0 ] && d=0
+  h=$((h + d))
+  by[${name[$tid]}]=$((${by[${name[$tid]}]:-0} + d))
+done
+echo "helpers $h total $((t1 - t0)) idle $((i1 - i0))"
+if [ -n "$THREAD_CPU_DETAIL" ]; then
+  for n in "${!by[@]}"; do echo "thread $n ${by[$n]}"; done
+fi
