@@ -148,8 +148,8 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
 // failed. From the failover worker.
 int fail_silent_paths(Bundle* b, const ProbeStats& stats, int64_t now, bool* spared) {
   After a;
-  // Work of the path's that completed within two looks of the stall watch
-  // proves its route carries packets, whatever its probes say: datagrams
+  // Work of the path found done at one of the stall watch's last two looks
+  // proves that its route carries packets, whatever its probes say: datagrams
   // lost or late behind the path's own traffic in a queue that is full but
   // moving. On four one-CPU soft-RoCE guests running an all-to-all with no
   // fault on a busy host, the application's QP failed so ("its own probes
@@ -175,10 +175,11 @@ int fail_silent_paths(Bundle* b, const ProbeStats& stats, int64_t now, bool* spa
       auto it = path_sport(p) ? stats.find({p.rail, path_sport(p)}) : stats.end();
       bool known = it != stats.end();
       if (known && it->second.value("alive", false)) p.probe_alive = true;
-      if (known && !it->second.value("alive", false) && p.probe_alive && !carrying(p)) {
+      const bool probes_lost = known && !it->second.value("alive", false) && p.probe_alive;
+      if (probes_lost && !carrying(p)) {
         lost.push_back(pi);
       } else {
-        if (known && !it->second.value("alive", false) && p.probe_alive && spared) *spared = true;
+        if (probes_lost && spared) *spared = true;
         others |= usable(p);
       }
     };
