@@ -168,7 +168,7 @@ TEST(StepRhythm, TheConfidenceIsThePlainAutocorrelationOfTheSmoothedSeries) {
   EXPECT_NEAR(e.comm_share, share, 1e-9);
 }
 
-// view() estimates again only once the looks have moved on a second.
+// view() estimates again only once the looks have moved on kViewMs.
 TEST(StepRhythm, ViewIsEstimatedOnceInKViewMs) {
   StepRhythm r;
   for (int64_t t = 0; t < 20000; t += 20) r.look(t, t % 500 < 150);
