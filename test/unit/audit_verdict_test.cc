@@ -221,6 +221,29 @@ TEST(AuditVerdict, TwoDegradedLinksCarryingHalfTheRailAreBothNamed) {
   for (size_t i = 0; i < m.size(); i++) EXPECT_EQ(j.bw[i], Status::pass) << i;
 }
 
+TEST(AuditVerdict, AConnectionThatFailedDownADegradedLinkIsThatLinks) {
+  // h1's rail-0 uplink to its second router is slow both ways; one
+  // connection towards h1 through it ran out of RC retries. The link is
+  // named, and the failed pair is its, not a fault of its own.
+  auto m = mesh();
+  size_t failed = 0;
+  for (size_t i = 0; i < m.size(); i++) {
+    auto& x = m[i];
+    if (x.rail != 0) continue;
+    if ((x.src == 0 && x.router == "192.168.0.6") || (x.dst == 0 && x.sport == 0xC002)) x.mbps = 2;
+    if (x.src == 2 && x.dst == 0 && x.sport == 0xC002) x.error = "transport retry counter exceeded", failed = i;
+  }
+  Judged j = judge_backend(m, Thresholds{});
+  ASSERT_EQ(j.links.size(), 1u);
+  EXPECT_EQ(j.links[0].router, "192.168.0.6");
+  EXPECT_EQ(j.bw[failed], Status::pass);
+  EXPECT_NE(j.note[failed].find("failed, probably down the link from"), std::string::npos)
+      << j.note[failed];
+  Node n = judge({host(), host(), host(), host()}, {counters(), counters(), counters(), counters()}, m);
+  EXPECT_EQ(bad_leaves(n),
+            std::vector<std::string>{"fleet/Back-end network/rail 0/leaf-spine links/h1's leaf <-> 192.168.0.6"});
+}
+
 TEST(AuditVerdict, AHostSlowThroughEveryRouterIsItsOwnLinkNotASpines) {
   auto m = mesh();
   for (auto& x : m)

@@ -166,16 +166,18 @@ Judged judge_round(const std::vector<Measurement>& ms, const Thresholds& t,
   }
   // The same link carries traffic down to that host as well (its fault
   // is usually both ways): slow measurements towards it on that rail are
-  // its, not their senders'.
+  // its, not their senders', and so are connections that failed (a queue
+  // that drops or a link that loses ends RC's retries; those from the
+  // host through the link are the link's above, as measurements of 0).
   for (auto& l : out.links)
     for (size_t i = 0; i < ms.size(); i++)
-      if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass &&
-          ms[i].error.empty()) {
+      if (ms[i].dst == l.host && ms[i].rail == l.rail && out.bw[i] != Status::pass) {
+        const char* what = ms[i].error.empty() ? "slow" : "failed";
         out.bw[i] = out.lat[i] = Status::pass;
         out.explained[i] = true;
         out.note[i] = l.router.empty()
-                          ? fmt::format("slow, probably through {}'s NIC or link to its leaf", name(l.host))
-                          : fmt::format("slow, probably down the link from {}'s leaf to {}", name(l.host), l.router);
+                          ? fmt::format("{}, probably through {}'s NIC or link to its leaf", what, name(l.host))
+                          : fmt::format("{}, probably down the link from {}'s leaf to {}", what, name(l.host), l.router);
       }
   return out;
 }
