@@ -14,23 +14,31 @@
 # guest's CPU per segment, but on a host shared with other work the
 # emulator's own threads (the vCPU, the NIC's I/O), not the guest, may be
 # what limits; a guest mostly idle says so.
+# A job's first seconds with libshunt carry its setup (shadows created and
+# connected, path discovery, the probe engine's start); a job of hours
+# does not feel them. So each run also says what rank 0 received per second
+# over its last NOFAULT_STEADY_S seconds (default: the second half of
+# NOFAULT_SECONDS, default 40), and the summary gives that steady state's
+# ratio beside the whole run's.
 SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
 HOSTS=${NOFAULT_HOSTS:-4}
 ROUNDS=${NOFAULT_ROUNDS:-3}
-DUR=${NOFAULT_SECONDS:-20}
+DUR=${NOFAULT_SECONDS:-40}
+STEADY=${NOFAULT_STEADY_S:-$((DUR / 2))}
 up --hosts "$HOSTS" --rails 2 --spines 2
 
-# run KIND ENV...: the time per iteration (ms) in $TMP/KIND.ms, thread CPU
-# in $TMP/KIND.cpu; fails when the benchmark did
+# run KIND ENV...: the time per iteration (ms) in $TMP/KIND.ms, rank 0's
+# MB/s over the last $STEADY s in $TMP/KIND.steady, thread CPU in
+# $TMP/KIND.cpu; fails when the benchmark did
 run() {
   local kind=$1 r pids=() port=$((30000 + RANDOM % 2000))
   shift
   local env=(env "$@")
   local args=(--world "$HOSTS" --bootstrap "$(fab addr h1 r0):$port" --transport verbs --verb write_imm -d rxe0
-    -b 1M -e 1M -w 2 --duration "$DUR" -c 1 --seg 64K --stall-timeout 60 --qp-timeout 18)
+    -b 1M -e 1M -w 2 --duration "$DUR" -c 1 --seg 64K --stall-timeout 60 --qp-timeout 18 --timeline 1000)
   fab exec h1 -- env THREAD_CPU_DETAIL=1 bash "$SHUNT_ROOT/bench/thread-cpu.sh" shunt-bench $((DUR / 3)) $((DUR / 2)) \
     > "$TMP/$kind.cpu" 2>&1 &
   local cpu=$!
@@ -43,6 +51,9 @@ run() {
   wait "$cpu"
   # the result row: size count type redop root time(us) ...
   awk '$1 ~ /^[0-9]+$/ && NF == 13 && $9 == 0 { printf "%.2f\n", $6 / 1000 }' "$TMP/$kind.rank0" | tail -n 1 > "$TMP/$kind.ms"
+  # the timeline rows: #T wall(s) t(s) bytes GB/s errors
+  awk -v from=$((DUR - STEADY)) '$1 == "#T" && $3 ~ /^[0-9.]+$/ && $3 > from { b += $4; n++ }
+    END { if (n) printf "%.3f\n", b / n / 1e6 }' "$TMP/$kind.rank0" > "$TMP/$kind.steady"
   [ $rc = 0 ] && [ -s "$TMP/$kind.ms" ]
 }
 
@@ -77,7 +88,7 @@ for v in ${NOFAULT_VARIANTS:-}; do
   kinds+=("v$i")
   envs[v$i]="LD_PRELOAD=$LIB SHUNT_JOB_KEY=$KEY ${v//,/ }"
 done
-declare -A got
+declare -A got steady
 for ((round = 1; round <= ROUNDS; round++)); do
   for k in "${kinds[@]}"; do
     tries=0
@@ -88,16 +99,23 @@ for ((round = 1; round <= ROUNDS; round++)); do
       [ $tries -lt 3 ] || fail "the $k run failed three times"
     done
     ms=$(cat "$TMP/$k.ms")
+    st=$(cat "$TMP/$k.steady")
     got[$k]+="$ms "
-    echo "round $round, $k (${envs[$k]:-no libshunt}): $ms ms per iteration; $(cpu "$k")"
+    steady[$k]+="${st:-0} "
+    echo "round $round, $k (${envs[$k]:-no libshunt}): $ms ms per iteration, ${st:-no} MB/s received in the last ${STEADY} s; $(cpu "$k")"
   done
 done
-base=$(python3 -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))' ${got[without]})
+med() { python3 -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))' "$@"; }
+base=$(med ${got[without]})
+sbase=$(med ${steady[without]})
 for k in "${kinds[@]}"; do
-  python3 - "$base" "$k" "${envs[$k]:-no libshunt}" ${got[$k]} <<'PY'
+  python3 - "$base" "$sbase" "$k" "${envs[$k]:-no libshunt}" "$STEADY" "${steady[$k]}" ${got[$k]} <<'PY'
 import statistics, sys
-base, kind, env, runs = float(sys.argv[1]), sys.argv[2], sys.argv[3], list(map(float, sys.argv[4:]))
-m = statistics.median(runs)
-print(f"{kind:8s} median {m:.2f} ms per iteration, {base / m:.2f}x of no libshunt ({env})")
+base, sbase, kind, env, span = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+st = statistics.median(map(float, sys.argv[6].split()))
+m = statistics.median(map(float, sys.argv[7:]))
+steady = f"{st / sbase:.2f}x" if sbase > 0 else "n/a"
+print(f"{kind:8s} median {m:.2f} ms per iteration, {base / m:.2f}x of no libshunt; "
+      f"last {span} s {st:.2f} MB/s, {steady} ({env})")
 PY
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # thread-cpu.sh COMM DELAY SPAN: on a guest, the CPU time of the threads
-# of the process named COMM other than its main thread (shunt's own
-# threads in a preloaded job), over SPAN seconds starting DELAY seconds
+# of the process named COMM that bear another name (shunt's own threads in
+# a preloaded job; the program's own keep COMM, as its main thread), over SPAN seconds starting DELAY seconds
 # from now, as "helpers TICKS total TICKS idle TICKS" (clock ticks; total
 # is every CPU state of the guest, idle included). Shell builtins only: a forked
 # command on the guests' 9p root costs more than what it would measure.
@@ -20,10 +20,11 @@ snap() {
   if [ -n "$p" ]; then
     for t in /proc/"$p"/task/*; do
       [ "${t##*/}" = "$p" ] && continue
+      { read -r n < "$t/comm"; } 2>/dev/null || n=?
+      [ "$n" = "$comm" ] && continue
       { read -r s < "$t/stat"; } 2>/dev/null || continue
       set -- ${s##*)}
       ticks[${t##*/}]=$((${12} + ${13}))
-      { read -r n < "$t/comm"; } 2>/dev/null || n=?
       name[${t##*/}]=$n
     done
   fi
