@@ -101,21 +101,24 @@ for ((round = 1; round <= ROUNDS; round++)); do
     ms=$(cat "$TMP/$k.ms")
     st=$(cat "$TMP/$k.steady")
     got[$k]+="$ms "
-    steady[$k]+="${st:-0} "
+    [ -n "$st" ] && steady[$k]+="$st "
     echo "round $round, $k (${envs[$k]:-no libshunt}): $ms ms per iteration, ${st:-no} MB/s received in the last ${STEADY} s; $(cpu "$k")"
   done
 done
 med() { python3 -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))' "$@"; }
 base=$(med ${got[without]})
-sbase=$(med ${steady[without]})
+sbase=$(med ${steady[without]:-0})
 for k in "${kinds[@]}"; do
   python3 - "$base" "$sbase" "$k" "${envs[$k]:-no libshunt}" "$STEADY" "${steady[$k]}" ${got[$k]} <<'PY'
 import statistics, sys
 base, sbase, kind, env, span = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-st = statistics.median(map(float, sys.argv[6].split()))
+sts = list(map(float, sys.argv[6].split()))
 m = statistics.median(map(float, sys.argv[7:]))
-steady = f"{st / sbase:.2f}x" if sbase > 0 else "n/a"
+steady = "no timeline"
+if sts:
+    st = statistics.median(sts)
+    steady = f"{st:.2f} MB/s, " + (f"{st / sbase:.2f}x" if sbase > 0 else "n/a")
 print(f"{kind:8s} median {m:.2f} ms per iteration, {base / m:.2f}x of no libshunt; "
-      f"last {span} s {st:.2f} MB/s, {steady} ({env})")
+      f"last {span} s {steady} ({env})")
 PY
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # thread-cpu.sh COMM DELAY SPAN: on a guest, the CPU time of the threads
 # of the process named COMM that bear another name (shunt's own threads in
-# a preloaded job; the program's own keep COMM, as its main thread), over SPAN seconds starting DELAY seconds
-# from now, as "helpers TICKS total TICKS idle TICKS" (clock ticks; total
+# a preloaded job; the program's own keep COMM, as its main thread), over
+# SPAN seconds starting DELAY seconds from now, as "helpers TICKS total
+# TICKS idle TICKS" (clock ticks; total
 # is every CPU state of the guest, idle included). Shell builtins only: a forked
 # command on the guests' 9p root costs more than what it would measure.
 # THREAD_CPU_DETAIL=1 also prints "thread NAME TICKS" for each helper
