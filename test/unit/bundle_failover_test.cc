@@ -247,21 +247,37 @@ TEST(Bundle, ProbesCompleteWhileTheApplicationDoesNotPoll) {
   EXPECT_TRUE(r.poll().empty());  // the probe never shows
 }
 
+// Completes every probe shunt posted (its zero-length WRITEs), as a
+// device whose routes work would, and polls; returns how many.
+size_t answer_probes(Rig& r) {
+  size_t n = 0;
+  for (const auto& p : g_posted)
+    if (p.bytes == 0) complete(p.qpn, p.wr_id), n++;
+  g_posted.clear();
+  r.poll();
+  return n;
+}
+
 // A path that retries forever never reports a dead route; the stall watch
 // fails it when nothing completed for the stall time while the port kept
-// retransmitting, and its work goes again on another path.
+// retransmitting, and another path showed that a route to the peer works:
+// idle paths probed as witnesses once the work was held for half a stall.
+// Its work goes again on another path.
 TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
   Rig r;
   char buf[64];
   ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
   uint32_t stuck = g_posted[0].qpn;
   g_posted.clear();
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // first look
-  // Quiet for 2.5 s, but the port never retransmitted: a slow peer, no failure.
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3500, 2000, -1), 0);
+  const int64_t t = shunt::mono_ms();  // (the witnesses' answers are timed by the real clock)
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);  // first look
+  // Quiet for 2.5 s, but the port never retransmitted: a slow peer, no failure, no witness.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 2500, 2000, -1), 0);
   EXPECT_TRUE(g_posted.empty());
-  // It retransmitted within the stall: the path failed, the WRITE goes again elsewhere.
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);
+  // It retransmitted within the stall: witnesses go out, and once one answered, the path fails.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 2600, 2000, t + 2400), 0);
+  EXPECT_EQ(answer_probes(r), 2u);  // two idle shadows on the rail (the rig's three)
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 2900, 2000, t + 2400), 1);
   ASSERT_EQ(g_posted.size(), 1u);
   EXPECT_NE(g_posted[0].qpn, stuck);
   EXPECT_EQ(g_posted[0].wr_id, 1u);
@@ -272,6 +288,64 @@ TEST(Bundle, AStalledPathFailsOnlyWhileItsPortRetransmits) {
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].wr_id, 1u);
   EXPECT_EQ(wc[0].qp_num, 500u);
+  EXPECT_EQ(bundle_json(*r.rec)["witness_probes"], 1);
+}
+
+// A peer that answers on no path (its host starved of CPU: a job's start
+// on soft-RoCE guests did that) holds a path's work as a dead route would,
+// its port retransmitting; with no other path to show a working route the
+// path is kept, however long, and its work completes there once the peer
+// is back: no failover. Witnesses go out once, when the work was held for
+// half a stall; one that answers fails the path only a grace later (the
+// held path's own retransmission gets through in it).
+TEST(Bundle, AStalledPathIsKeptWhileNoOtherPathReachesThePeer) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  const uint32_t held = g_posted[0].qpn;
+  g_posted.clear();
+  const int64_t t = shunt::mono_ms();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 900, 2000, t + 500), 0);
+  EXPECT_TRUE(g_posted.empty());  // held less than half a stall: no witness yet
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 1100, 2000, t + 500), 0);
+  std::vector<Posted> witnesses = g_posted;
+  ASSERT_EQ(witnesses.size(), 2u);
+  for (const auto& w : witnesses) EXPECT_EQ(w.bytes, 0u);
+  g_posted.clear();
+  for (int64_t at = t + 2100; at <= t + 6000; at += 250)  // stalled; nobody answers
+    EXPECT_EQ(bundle_check_stalls_for_test(r.rec, at, 2000, at - 100), 0);
+  EXPECT_TRUE(g_posted.empty());  // once only
+  EXPECT_EQ(bundle_json(*r.rec)["all_stalled"], 0);  // (the witnesses are out)
+  // The peer is back: the held work completes and so do the witnesses.
+  complete(held, 1);
+  for (const auto& w : witnesses) complete(w.qpn, w.wr_id);
+  auto wc = r.poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 6300, 2000, t + 6200), 0);
+  EXPECT_EQ(bundle_json(*r.rec)["failovers"], 0);
+  EXPECT_FALSE(bundle_probation_for_test(r.rec, 1));
+}
+
+// A witness that answers while the path's work stays held fails the path,
+// but only a grace (an eighth of a stall here: the rig's QP sets no ACK
+// timeout) after the answer.
+TEST(Bundle, AStalledPathFailsAGraceAfterAWitnessAnswered) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  g_posted.clear();
+  const int64_t t = shunt::mono_ms() - 3000;  // (the answers come at the real clock's now)
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 1100, 2000, t + 500), 0);
+  ASSERT_EQ(g_posted.size(), 2u);
+  EXPECT_EQ(answer_probes(r), 2u);
+  const int64_t a = shunt::mono_ms();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 100, 2000, a), 0);  // too fresh
+  EXPECT_EQ(bundle_json(*r.rec)["failovers"], 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 300, 2000, a), 1);
+  EXPECT_EQ(bundle_json(*r.rec)["failovers"], 1);
 }
 
 // A link that goes dark for less than a stall at a time, again and again:
@@ -485,8 +559,13 @@ TEST(Bundle, APathRenewedIntoADeadRouteIsRenewedAgainOnceTheRouteIsBack) {
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 0);
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
   EXPECT_FALSE(bundle_renew_now_for_test(r.rec));  // not failed: nothing to renew
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 3600, 2000, 3400), 1);  // its stuck probe
+  const int64_t t = shunt::mono_ms() - 5000;  // (the witnesses' answers come at the real clock's now)
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 2100, 2000, t + 2000), 0);  // stuck: the others are asked
+  EXPECT_EQ(answer_probes(r), 2u);
+  const int64_t a = shunt::mono_ms();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 300, 2000, a), 1);  // its stuck probe
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
   EXPECT_TRUE(bundle_renew_now_for_test(r.rec));
 }
@@ -589,15 +668,20 @@ TEST(Bundle, ARenewedPathsStallClockStartsAtItsRenewal) {
   Rig r;
   const std::vector<uint16_t> port = shadow_ports(r);
   ASSERT_EQ(port.size(), 3u);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 1000, 2000, -1), 0);  // the watch's look: all idle
+  const int64_t t = shunt::mono_ms() - 8000;  // (the witnesses' answers come at the real clock's now)
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);  // the watch's look: all idle
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], true}, {port[2], true}}), 0);
   EXPECT_EQ(bundle_probes_for_test(r.rec, {{port[0], true}, {port[1], false}, {port[2], true}}), 1);
-  bundle_back_in_service_for_test(r.rec, 1);  // renewed at about 5 s: its probe in flight
+  bundle_back_in_service_for_test(r.rec, 1);  // renewed at about 4 s: its probe in flight
   EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 5100, 2000, 5050), 0);  // 4 s after that look: not stalled
+  g_posted.clear();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 4100, 2000, t + 4050), 0);  // 4 s after that look: not stalled
   EXPECT_TRUE(bundle_probation_for_test(r.rec, 1));
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 6000, 2000, 5900), 0);
-  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, 7200, 2000, 7100), 1);  // 2.1 s after it: its probe is stuck
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 5000, 2000, t + 4900), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 6200, 2000, t + 6100), 0);  // 2.1 s after it: stuck, asks
+  EXPECT_EQ(answer_probes(r), 2u);
+  const int64_t a = shunt::mono_ms();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 300, 2000, a), 1);  // its probe is stuck
 }
 
 // The application's own QP, its port known (shunt gave it a flow label),

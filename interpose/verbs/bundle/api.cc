@@ -82,6 +82,7 @@ json bundle_json(const QpRecord& r) {
            }()},
           {"steer_reversals", b->steer_reversals},
           {"all_stalled", b->all_stalled_count},
+          {"witness_probes", b->witness_probes},
           {"held", b->held_total},
           {"held_now", b->held.size()},
           {"splits_open", b->groups.size()},

@@ -25,8 +25,12 @@ struct Looked {
   std::vector<int> stalled;     // no progress for a stall time, the port retransmitting
   std::vector<int> flapping;    // kFlapHiccups hiccups within kFlapWindows stall times
   std::vector<int> unanswered;  // probed after a failure, silent while others answered
+  std::vector<int> waiting;     // stalled, but no other path has shown a route to the peer since
   bool others = false;          // some usable path is none of those (idle, or progressing)
+  bool checking = false;        // some path's probe is out (a witness, or after a failure)
   bool suspect = false;         // a path held for kHiccupLooks looks, no drain yet
+  int64_t witness_since = 0;    // a path held for half a stall, the port retransmitting,
+                                // since then (0: none): idle paths are to be probed
 };
 
 // Whether a usable path of b other than pi completed a probe sent at or
@@ -36,6 +40,33 @@ bool answered_since(Bundle* b, int pi, int64_t since_ms) {
   if (pi != kPrimary && answered(b->prim)) return true;
   for (size_t i = 0; i < b->paths.size(); i++)
     if (static_cast<int>(i) != pi && answered(b->paths[i])) return true;
+  return false;
+}
+
+// How long a witness's answer must be old before a path it outlived
+// fails: the path's own retransmission (one ACK timeout of the
+// application's QP after the peer answers again) gets through in that
+// time when what held both was the peer, not the route. At most a quarter
+// stall: a witness sent at half a stall has then waited its grace out by
+// the time the stall is judged, and a dead route fails no later than it
+// did without witnesses.
+int64_t witness_grace_ms(const Bundle* b, int64_t stall_ms) {
+  const int t = std::min<int>(b->rts.timeout, 31);
+  const int64_t ack_ms = t ? static_cast<int64_t>((4096ull << t) / 1000000) : 0;
+  return std::clamp<int64_t>(ack_ms, stall_ms / 8, stall_ms / 4);
+}
+
+// Whether another usable path of b shows that a route to the peer works
+// while pi's work has not moved since since_ms: its work moved after that,
+// or its probe (a witness) completed after that, grace_ms ago or more.
+// Under b->lk.
+bool witnessed(Bundle* b, int pi, int64_t since_ms, int64_t now, int64_t grace_ms) {
+  auto shows = [&](const Path& q) {
+    return usable(q) && (q.progress_ms > since_ms || (q.proven_ms >= since_ms && now - q.proven_ms >= grace_ms));
+  };
+  if (pi != kPrimary && shows(b->prim)) return true;
+  for (size_t i = 0; i < b->paths.size(); i++)
+    if (static_cast<int>(i) != pi && shows(b->paths[i])) return true;
   return false;
 }
 
@@ -55,24 +86,37 @@ bool answered_since(Bundle* b, int pi, int64_t since_ms) {
 // counts it once). retx_ms(rail): when the port of that rail of b last
 // retransmitted. `done` moves only as completions are polled, and a rank
 // busy elsewhere leaves them in the CQ: a hold counts as a hiccup only
-// once a drain found it (drained: this call follows one).
+// once a drain found it (drained: this call follows one). A stalled path
+// fails only once another path has shown that a route to the peer works
+// (witnessed): a peer that stopped answering on every path (its host
+// starved of CPU, as a job's start can do to a soft-RoCE guest) is no dead
+// route, and failing the path would only cost a replay. A path held for
+// half a stall with its port retransmitting asks for witnesses, probes on
+// idle paths, so that one has answered by the time the stall is judged.
 Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms, bool drained) {
   Looked out;
+  std::vector<int> stalled;
   auto look = [&](Path& p, int pi) {
     if (p.down() || !p.qp) return;
-    if (p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0) {
+    out.checking |= p.life == Life::checking;
+    const bool held = !(p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0);
+    if (held && now - p.watch_ms >= stall_ms / 2 && retx_ms(p.rail) >= p.watch_ms)
+      out.witness_since = out.witness_since ? std::min(out.witness_since, p.watch_ms) : p.watch_ms;
+    if (!held) {
       // Done after the looks between found it held, a drain included: a hiccup.
       if (p.done != p.watch_done && p.hold_drained && !p.probation() && retx_ms(p.rail) >= p.watch_ms) {
         p.hiccup_at = static_cast<uint8_t>((p.hiccup_at + 1) % p.hiccups.size());
         p.hiccups[p.hiccup_at] = now;
       }
-      if (p.done != p.watch_done) p.progress_ms = now;
+      // Progress of its work; not a probe of shunt's, sent and done since
+      // the last look (a witness proves a route after a grace, by proven_ms).
+      if (p.done != p.watch_done && !(p.probe_ms >= p.watch_ms && p.proven_ms >= p.probe_ms)) p.progress_ms = now;
       p.watch_done = p.done;
       p.watch_ms = now;
       p.watch_look = b->looks;
       p.hold_drained = false;
     } else if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
-      out.stalled.push_back(pi);
+      stalled.push_back(pi);
       return;
     } else if (p.probation() && p.probe_ms >= p.watch_ms && now - p.probe_ms >= stall_ms / 4 &&
                answered_since(b, pi, p.probe_ms)) {
@@ -88,7 +132,36 @@ Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& ret
   };
   look(b->prim, kPrimary);
   for (size_t i = 0; i < b->paths.size(); i++) look(b->paths[i], static_cast<int>(i));
+  const int64_t grace = witness_grace_ms(b, stall_ms);
+  for (int pi : stalled) {
+    const Path& p = P(b, pi);
+    (witnessed(b, pi, p.watch_ms, now, grace) ? out.stalled : out.waiting).push_back(pi);
+  }
   return out;
+}
+
+// Probes idle usable paths as witnesses for paths held since since_ms,
+// once (not again while they stay held): up to two on each rail (two
+// source ports, most often two routes), never the carrier (the
+// application's work goes there). Each is out of the rotation until its
+// probe completes; one that does not, while another answers, fails as
+// behind the same fault. Returns how many were probed. Under b->lk.
+int probe_witnesses(Bundle* b, int64_t since_ms, int64_t now) {
+  if (b->witness_ms >= since_ms) return 0;
+  b->witness_ms = now;
+  int sent = 0;
+  for (size_t k = 0; k < rail_count(b); k++) {
+    int n = 0;
+    for (size_t i = 0; i < b->paths.size() && n < 2; i++) {
+      const Path& q = b->paths[i];
+      if (q.rail != static_cast<int>(k) || !q.qp || !usable(q) || q.posted != q.done) continue;
+      if (static_cast<int>(i) == b->carrier) continue;
+      probe(b, static_cast<int>(i));
+      n += q.probation();
+    }
+    sent += n;
+  }
+  return sent;
 }
 
 }  // namespace
@@ -109,16 +182,22 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
     b->looks++;
     if (!b->active.load() || b->move == Move::gave_up) return 0;
     const Looked first = look_at_paths(b, now, stall_ms, retx_ms, false);
-    if (first.stalled.empty() && first.flapping.empty() && first.unanswered.empty() && !first.suspect) return 0;
+    if (first.stalled.empty() && first.waiting.empty() && first.flapping.empty() && first.unanswered.empty() &&
+        !first.suspect && !first.witness_since)
+      return 0;
   }
   drain(b);
   After a;
   size_t stalled = 0;
-  bool first = false;
+  bool first = false, witnesses = false;
   {
     std::lock_guard l(b->lk);
     const Looked s = look_at_paths(b, now, stall_ms, retx_ms, true);
-    stalled = s.stalled.size();
+    stalled = s.stalled.size() + s.waiting.size();
+    if (s.witness_since && probe_witnesses(b, s.witness_since, now)) {
+      b->witness_probes++;
+      witnesses = true;
+    }
     if (s.others) {
       for (int pi : s.stalled) path_failed(b, pi, kStalled, &a);
       for (int pi : s.unanswered) path_failed(b, pi, kUnanswered, &a);
@@ -128,12 +207,13 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
       }
       flush_held(b, b->ctx);
     }
-    bool all = !s.others && stalled;
+    bool all = !s.others && !s.checking && stalled;
     first = all && !b->all_stalled;
     if (first) b->all_stalled_count++;
     b->all_stalled = all;
   }
   if (first) event_all_stalled(b, stalled);
+  if (witnesses) wake_worker(b);  // it polls for probes that are overdue
   if (a.down.empty()) return 0;
   event_down(b, a);
   wake_worker(b);

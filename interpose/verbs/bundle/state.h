@@ -427,6 +427,8 @@ struct Bundle {
   // for it), and how many times that began.
   bool all_stalled = false;
   uint64_t all_stalled_count = 0;
+  uint64_t witness_probes = 0;  // times it probed idle paths as witnesses for a held one
+  int64_t witness_ms = 0;       // when it last did
   uint64_t looks = 0;  // the stall watch's looks at it (check_stalls)
   int64_t fail_ms = 0;  // when a path last failed (a path proven since then works after it)
   std::map<int, int64_t> rail_fail_ms;  // per rail: when a path on it last failed
