@@ -348,6 +348,33 @@ TEST(Bundle, AStalledPathFailsAGraceAfterAWitnessAnswered) {
   EXPECT_EQ(bundle_json(*r.rec)["failovers"], 1);
 }
 
+// A witness that answers late (a slow peer) fails nothing by itself: the
+// rule that fails a probe left unanswered while another answered is for
+// probes after a failure (on starved guests witnesses failed so with no
+// fault, and each failure probed every path again). Once a path did fail,
+// it applies to the witness too.
+TEST(Bundle, AWitnessThatAnswersLateFailsNothingByItself) {
+  Rig r;
+  char buf[64];
+  ASSERT_EQ(r.post(IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1, buf), 0);
+  g_posted.clear();
+  const int64_t t = shunt::mono_ms() - 3000;  // (the probes are timed by the real clock)
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t, 2000, -1), 0);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, t + 1100, 2000, t + 500), 0);
+  ASSERT_EQ(g_posted.size(), 2u);
+  complete(g_posted[0].qpn, g_posted[0].wr_id);  // one witness answers, the other not yet
+  g_posted.clear();
+  r.poll();
+  const int64_t a = shunt::mono_ms();
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 600, 2000, -1), 0);  // the late one is kept
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 900, 2000, -1), 0);
+  EXPECT_EQ(bundle_json(*r.rec)["failovers"], 0);
+  // The held work's path fails (its port retransmits); the late witness
+  // then sits behind the same fault, and fails at the next look.
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 1000, 2000, a + 950), 1);
+  EXPECT_EQ(bundle_check_stalls_for_test(r.rec, a + 1250, 2000, a + 950), 1);
+}
+
 // A link that goes dark for less than a stall at a time, again and again:
 // each loss holds the path's work for an ACK timeout, never for a stall.
 // Three such hiccups within five stall times fail it as flapping; spread

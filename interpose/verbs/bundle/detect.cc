@@ -102,23 +102,31 @@ Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& ret
     const bool held = !(p.posted == p.done || p.done != p.watch_done || p.watch_ms == 0);
     if (held && now - p.watch_ms >= stall_ms / 2 && retx_ms(p.rail) >= p.watch_ms)
       out.witness_since = out.witness_since ? std::min(out.witness_since, p.watch_ms) : p.watch_ms;
+    // A probe of shunt's, sent and done since the look that last found the
+    // path idle or progressing, is no work of the path's: its hold is no
+    // hiccup, its completion no progress (a witness proves a route after a
+    // grace, by proven_ms).
+    const bool probe_only = p.probe_ms >= p.watch_ms && p.proven_ms >= p.probe_ms;
+    // A witness's probe fails its path (stalled, unanswered) only where a
+    // path failed since it went out: else a peer slow to answer (a starved
+    // guest) failed witnesses that merely answered late.
+    const bool judged = !p.witness || b->fail_ms >= p.probe_ms;
     if (!held) {
       // Done after the looks between found it held, a drain included: a hiccup.
-      if (p.done != p.watch_done && p.hold_drained && !p.probation() && retx_ms(p.rail) >= p.watch_ms) {
+      if (p.done != p.watch_done && p.hold_drained && !p.probation() && !probe_only &&
+          retx_ms(p.rail) >= p.watch_ms) {
         p.hiccup_at = static_cast<uint8_t>((p.hiccup_at + 1) % p.hiccups.size());
         p.hiccups[p.hiccup_at] = now;
       }
-      // Progress of its work; not a probe of shunt's, sent and done since
-      // the last look (a witness proves a route after a grace, by proven_ms).
-      if (p.done != p.watch_done && !(p.probe_ms >= p.watch_ms && p.proven_ms >= p.probe_ms)) p.progress_ms = now;
+      if (p.done != p.watch_done && !probe_only) p.progress_ms = now;
       p.watch_done = p.done;
       p.watch_ms = now;
       p.watch_look = b->looks;
       p.hold_drained = false;
-    } else if (now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
+    } else if (judged && now - p.watch_ms >= stall_ms && retx_ms(p.rail) >= p.watch_ms) {
       stalled.push_back(pi);
       return;
-    } else if (p.probation() && p.probe_ms >= p.watch_ms && now - p.probe_ms >= stall_ms / 4 &&
+    } else if (judged && p.probation() && p.probe_ms >= p.watch_ms && now - p.probe_ms >= stall_ms / 4 &&
                answered_since(b, pi, p.probe_ms)) {
       out.unanswered.push_back(pi);
       return;
@@ -157,6 +165,7 @@ int probe_witnesses(Bundle* b, int64_t since_ms, int64_t now) {
       if (q.rail != static_cast<int>(k) || !q.qp || !usable(q) || q.posted != q.done) continue;
       if (static_cast<int>(i) == b->carrier) continue;
       probe(b, static_cast<int>(i));
+      b->paths[i].witness = q.probation();
       n += q.probation();
     }
     sent += n;

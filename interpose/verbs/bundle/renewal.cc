@@ -189,6 +189,7 @@ void probe(Bundle* b, int i) {
   Path& p = b->paths[i];
   p.step(LifeEvent::probe_sent);
   p.probe_ms = mono_ms();
+  p.witness = false;
   p.last_signaled = false;
   uint64_t before = p.posted;
   fence(b, b->ctx, i);

@@ -182,6 +182,9 @@ struct Path {
   void step(LifeEvent e) { life = next(life, e); }
   int64_t probe_ms = 0;    // when its probe went out
   int64_t proven_ms = 0;   // when its last probe completed (its route worked then)
+  // Its last probe was a witness's (probe_witnesses): held or unanswered,
+  // it fails nothing of its own unless a path failed since it went out.
+  bool witness = false;
   // Stall watch: the last `done` it saw, and since when it has not moved.
   uint64_t watch_done = 0;
   int64_t watch_ms = 0;
