@@ -33,10 +33,14 @@ struct Looked {
                                 // since then (0: none): idle paths are to be probed
 };
 
-// Whether a usable path of b other than pi completed a probe sent at or
-// after since_ms, or work after it (the carrier is not probed). Under b->lk.
-bool answered_since(Bundle* b, int pi, int64_t since_ms) {
-  auto answered = [&](const Path& q) { return usable(q) && (q.proven_ms >= since_ms || q.progress_ms > since_ms); };
+// Whether a usable path of b other than pi shows that a route to the peer
+// works since since_ms: its work moved after it, or its probe (the carrier
+// is not probed) completed at or after it and no later than proven_by (a
+// witness's answer must be a grace old: witness_grace_ms). Under b->lk.
+bool answered_since(Bundle* b, int pi, int64_t since_ms, int64_t proven_by = INT64_MAX) {
+  auto answered = [&](const Path& q) {
+    return usable(q) && ((q.proven_ms >= since_ms && q.proven_ms <= proven_by) || q.progress_ms > since_ms);
+  };
   if (pi != kPrimary && answered(b->prim)) return true;
   for (size_t i = 0; i < b->paths.size(); i++)
     if (static_cast<int>(i) != pi && answered(b->paths[i])) return true;
@@ -54,20 +58,6 @@ int64_t witness_grace_ms(const Bundle* b, int64_t stall_ms) {
   const int t = std::min<int>(b->rts.timeout, 31);
   const int64_t ack_ms = t ? static_cast<int64_t>((4096ull << t) / 1000000) : 0;
   return std::clamp<int64_t>(ack_ms, stall_ms / 8, stall_ms / 4);
-}
-
-// Whether another usable path of b shows that a route to the peer works
-// while pi's work has not moved since since_ms: its work moved after that,
-// or its probe (a witness) completed after that, grace_ms ago or more.
-// Under b->lk.
-bool witnessed(Bundle* b, int pi, int64_t since_ms, int64_t now, int64_t grace_ms) {
-  auto shows = [&](const Path& q) {
-    return usable(q) && (q.progress_ms > since_ms || (q.proven_ms >= since_ms && now - q.proven_ms >= grace_ms));
-  };
-  if (pi != kPrimary && shows(b->prim)) return true;
-  for (size_t i = 0; i < b->paths.size(); i++)
-    if (static_cast<int>(i) != pi && shows(b->paths[i])) return true;
-  return false;
 }
 
 // A look at b's paths. Stalled: work that has not progressed since
@@ -143,7 +133,7 @@ Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& ret
   const int64_t grace = witness_grace_ms(b, stall_ms);
   for (int pi : stalled) {
     const Path& p = P(b, pi);
-    (witnessed(b, pi, p.watch_ms, now, grace) ? out.stalled : out.waiting).push_back(pi);
+    (answered_since(b, pi, p.watch_ms, now - grace) ? out.stalled : out.waiting).push_back(pi);
   }
   return out;
 }
@@ -153,7 +143,8 @@ Looked look_at_paths(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& ret
 // source ports, most often two routes), never the carrier (the
 // application's work goes there). Each is out of the rotation until its
 // probe completes; one that does not, while another answers, fails as
-// behind the same fault. Returns how many were probed. Under b->lk.
+// behind the same fault once a path failed after it went out (Path::witness).
+// Returns how many were probed. Under b->lk.
 int probe_witnesses(Bundle* b, int64_t since_ms, int64_t now) {
   if (b->witness_ms >= since_ms) return 0;
   b->witness_ms = now;
@@ -222,8 +213,10 @@ int check_stalls(Bundle* b, int64_t now, int64_t stall_ms, const RetxFn& retx_ms
     b->all_stalled = all;
   }
   if (first) event_all_stalled(b, stalled);
-  if (witnesses) wake_worker(b);  // it polls for probes that are overdue
-  if (a.down.empty()) return 0;
+  if (a.down.empty()) {
+    if (witnesses) wake_worker(b);  // it polls for probes that are overdue
+    return 0;
+  }
   event_down(b, a);
   wake_worker(b);
   return static_cast<int>(a.down.size());
