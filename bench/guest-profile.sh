@@ -12,6 +12,7 @@
 # emulated guests a real NIC's doorbell does not have).
 SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
+. "$SHUNT_ROOT/bench/nofault-workload.sh"
 need_guests
 command -v perf >/dev/null || skip "no perf (Debian's linux-perf)"
 BENCH=$B/bin/shunt-bench
@@ -29,19 +30,17 @@ GUEST
 run() {
   local kind=$1 r pids=() port=$((30000 + RANDOM % 2000))
   shift
-  local args=(--world 4 --bootstrap "$(fab addr h1 r0):$port" --transport verbs --verb write_imm -d rxe0
-    -b 1M -e 1M -w 2 --duration "$DUR" -c 1 --seg 64K --stall-timeout 60 --qp-timeout 18 --timeline 1000)
+  nofault_args 4 "$DUR" "$port"
   fab exec h1 -- bash -c "$(cat "$TMP/guest.sh")" &
   local prof=$!
   for ((r = 3; r >= 0; r--)); do
-    fab exec h$((r + 1)) -- timeout $((DUR + 90)) env "$@" "$BENCH" --rank $r "${args[@]}" > "$TMP/$kind.rank$r" 2>&1 &
+    fab exec h$((r + 1)) -- timeout $((DUR + 90)) env "$@" "$BENCH" --rank $r "${NOFAULT_ARGS[@]}" > "$TMP/$kind.rank$r" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
   wait $prof
   for f in comm sym notify; do fab exec h1 -- cat /tmp/p.$f > "$TMP/$kind.$f"; done
-  awk -v from=$((DUR / 2)) '$1 == "#T" && $3 ~ /^[0-9.]+$/ && $3 > from { b += $4; n++ }
-    END { if (n) printf "%.3f\n", b / n / 1e6 }' "$TMP/$kind.rank0" > "$TMP/$kind.mbs"
+  steady_mbs $((DUR / 2)) "$TMP/$kind.rank0" > "$TMP/$kind.mbs"
 }
 report() {
   python3 - "$TMP" "$1" <<'PY'

@@ -22,6 +22,7 @@
 # ratio beside the whole run's.
 SHUNT_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$SHUNT_ROOT/test/fabric/lib.sh"
+. "$SHUNT_ROOT/bench/nofault-workload.sh"
 need_guests
 BENCH=$B/bin/shunt-bench
 HOSTS=${NOFAULT_HOSTS:-4}
@@ -37,13 +38,12 @@ run() {
   local kind=$1 r pids=() port=$((30000 + RANDOM % 2000))
   shift
   local env=(env "$@")
-  local args=(--world "$HOSTS" --bootstrap "$(fab addr h1 r0):$port" --transport verbs --verb write_imm -d rxe0
-    -b 1M -e 1M -w 2 --duration "$DUR" -c 1 --seg 64K --stall-timeout 60 --qp-timeout 18 --timeline 1000)
+  nofault_args "$HOSTS" "$DUR" "$port"
   fab exec h1 -- env THREAD_CPU_DETAIL=1 bash "$SHUNT_ROOT/bench/thread-cpu.sh" shunt-bench $((DUR / 3)) $((DUR / 2)) \
     > "$TMP/$kind.cpu" 2>&1 &
   local cpu=$!
   for ((r = HOSTS - 1; r >= 0; r--)); do
-    fab exec h$((r + 1)) -- timeout $((DUR + 90)) "${env[@]}" "$BENCH" --rank $r "${args[@]}" > "$TMP/$kind.rank$r" 2>&1 &
+    fab exec h$((r + 1)) -- timeout $((DUR + 90)) "${env[@]}" "$BENCH" --rank $r "${NOFAULT_ARGS[@]}" > "$TMP/$kind.rank$r" 2>&1 &
     pids+=($!)
   done
   local rc=0 p
@@ -52,8 +52,7 @@ run() {
   # the result row: size count type redop root time(us) ...
   awk '$1 ~ /^[0-9]+$/ && NF == 13 && $9 == 0 { printf "%.2f\n", $6 / 1000 }' "$TMP/$kind.rank0" | tail -n 1 > "$TMP/$kind.ms"
   # the timeline rows: #T wall(s) t(s) bytes GB/s errors
-  awk -v from=$((DUR - STEADY)) '$1 == "#T" && $3 ~ /^[0-9.]+$/ && $3 > from { b += $4; n++ }
-    END { if (n) printf "%.3f\n", b / n / 1e6 }' "$TMP/$kind.rank0" > "$TMP/$kind.steady"
+  steady_mbs $((DUR - STEADY)) "$TMP/$kind.rank0" > "$TMP/$kind.steady"
   [ $rc = 0 ] && [ -s "$TMP/$kind.ms" ]
 }
 
